@@ -1,0 +1,45 @@
+# Every target that runs code first makes the virtual environment (.venv), idempotently.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Never put the repository root on sys.path (it holds a folder named `operator`).
+export PYTHONSAFEPATH := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: venv test lint typecheck pytest demo proto bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=25.1" setuptools wheel
+	$(BIN)/python -m pip install -q -e ".[all]" --group dev
+	$(BIN)/python -m pip install -q "torch==2.13.0" || echo "torch 2.13.0 not available: torch tests will be skipped"
+	touch $(STAMP)
+
+test: venv lint typecheck pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/python tools/typecheck_tree.py
+	$(BIN)/mypy
+	cd .typecheck && ../$(BIN)/lint-imports --config ../pyproject.toml
+
+pytest: venv
+	$(BIN)/pytest -q -p no:randomly
+
+demo: venv
+	$(BIN)/rlslice demo
+
+proto: venv
+	$(BIN)/python tools/genproto.py
+
+bench: venv
+	$(BIN)/rlslice bench handoff
+
+clean:
+	rm -rf $(VENV) .typecheck .tools build *.egg-info
