@@ -27,7 +27,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/python tools/typecheck_tree.py
 	$(BIN)/mypy
-	cd .typecheck && ../$(BIN)/lint-imports --config ../pyproject.toml
+	PYTHONPATH=.typecheck $(BIN)/lint-imports
 
 pytest: venv
 	$(BIN)/pytest -q -p no:randomly

@@ -1,0 +1,163 @@
+"""The backend interface: how an agent moves one job's device state on this node.
+
+Backends are found through the `rlslice.backends` entry-point group (name -> class), so a
+GPU backend plugs in without touching the agent. The agent owns the per-job state machine,
+idempotency by epoch, the host-memory guard and process verification; a backend only moves
+bytes for processes the agent has already verified, and reports what it sees.
+
+All methods are async; a backend that blocks (a driver call, an exec) runs it in a thread
+and honours `deadline` (seconds since the epoch, `time.time()` clock).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Protocol, runtime_checkable
+
+
+class BackendState(enum.Enum):
+    """What a backend can tell about a job's device state on its own (after an agent restart)."""
+
+    RUNNING = "running"
+    """Device state on the GPU."""
+    PARKED = "parked"
+    """Device state in host memory."""
+    FAILED = "failed"
+    """The backend reports a failed checkpoint/restore."""
+    UNKNOWN = "unknown"
+    """The backend cannot tell (the caller keeps what it recorded)."""
+
+
+class OffloadAction(enum.Enum):
+    """A command to an `app` workload."""
+
+    OFFLOAD = "offload"
+    RESTORE = "restore"
+
+
+@dataclass(frozen=True)
+class WorkloadAnswer:
+    """A workload's answer to an offload/restore command."""
+
+    ok: bool
+    bytes: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+
+class WorkloadLink(Protocol):
+    """The agent's live command stream to one workload process (`app` backend)."""
+
+    modes: frozenset[str]
+    """Modes the workload said it supports: "offload", "discard"."""
+    tags: tuple[str, ...]
+    """Tags the workload offloads by."""
+    local_server: tuple[str, int] | None
+    """("vllm" | "sglang", port) when the job runs its own local inference server."""
+
+    async def command(
+        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+    ) -> WorkloadAnswer:
+        """Send a command and wait for its answer (raises TimeoutError past `timeout`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """One job on this node, as the agent verified it."""
+
+    job: str
+    group: str
+    pids: tuple[int, ...]
+    """Processes the agent verified (peer credentials or discovery), children included."""
+    workloads: tuple[WorkloadLink, ...] = ()
+    """Open `app` command streams of the job's processes."""
+    options: Mapping[str, str] = field(default_factory=dict)
+    """Backend options from the group spec."""
+
+
+@dataclass(frozen=True)
+class MoveOutcome:
+    """What a snapshot or restore did on this node."""
+
+    bytes: int
+    """Device bytes moved (for a snapshot, measured before the move)."""
+    seconds: float
+    """Wall seconds the move took."""
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """One device's memory."""
+
+    index: int
+    used_bytes: int
+    total_bytes: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Whether a backend can work on this node, and why not."""
+
+    usable: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class BackendContext:
+    """What the agent hands a backend when it creates it."""
+
+    node: str
+    state_dir: Path
+    """A private directory the backend may keep files in (survives agent restarts)."""
+    options: Mapping[str, str] = field(default_factory=dict)
+    """Agent-level options for this backend (from flags or config)."""
+
+
+class BackendError(Exception):
+    """A move failed; the message is one line and says why. The agent rolls back."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Moves device state for verified jobs. Implementations: sim, cuda, cuda-checkpoint, app."""
+
+    name: ClassVar[str]
+
+    def __init__(self, context: BackendContext) -> None: ...
+
+    async def probe(self) -> ProbeResult:
+        """Whether this backend works here (driver version, binary on PATH, ...)."""
+        ...
+
+    async def device_bytes(self, job: JobHandle) -> int:
+        """Device bytes the job holds on this node now (0 when parked or unknown)."""
+        ...
+
+    async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        """Move the job's device state to host memory and stop its GPU work.
+
+        On failure, undo what was done (unlock, restore) before raising BackendError:
+        the job must keep running.
+        """
+        ...
+
+    async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        """Bring the job's device state back and let its GPU work continue."""
+        ...
+
+    async def state(self, job: JobHandle) -> BackendState:
+        """The job's state as the backend sees it, for re-reading after an agent restart."""
+        ...
+
+    async def release(self, job: JobHandle) -> int:
+        """Drop whatever the backend keeps for the job (parked host copies); bytes freed."""
+        ...
+
+    async def devices(self) -> Sequence[DeviceUsage]:
+        """Device memory on this node."""
+        ...
