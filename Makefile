@@ -27,7 +27,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/python tools/typecheck_tree.py
 	$(BIN)/mypy
-	PYTHONPATH=.typecheck $(BIN)/lint-imports
+	cd .typecheck && ../$(BIN)/lint-imports --config ../pyproject.toml --no-cache
 
 pytest: venv
 	$(BIN)/pytest -q -p no:randomly
