@@ -1,0 +1,40 @@
+"""The scheduler's pure core: group state as frozen values, events in, actions out.
+
+No grpc, no I/O, no clock: `step(state, event, now)` is a plain function, so property tests
+run hours of simulated time in milliseconds. The service and the coordinator translate.
+"""
+
+from rlslice.scheduler.core import actions, events
+from rlslice.scheduler.core.machine import (
+    MAX_SWITCH_ATTEMPTS,
+    Transition,
+    deadline,
+    keepalive_answer,
+    new_group,
+    step,
+)
+from rlslice.scheduler.core.policies import AGING_PER_SECOND, order, pick
+from rlslice.scheduler.core.residency import NodeMemory, choose_evictions, fits
+from rlslice.scheduler.core.state import GroupState, JobRecord, Location, Switch, Waiter
+
+__all__ = [
+    "AGING_PER_SECOND",
+    "MAX_SWITCH_ATTEMPTS",
+    "GroupState",
+    "JobRecord",
+    "Location",
+    "NodeMemory",
+    "Switch",
+    "Transition",
+    "Waiter",
+    "actions",
+    "choose_evictions",
+    "deadline",
+    "events",
+    "fits",
+    "keepalive_answer",
+    "new_group",
+    "order",
+    "pick",
+    "step",
+]

@@ -1,0 +1,140 @@
+"""Events into the group state machine. Time is never inside an event: `step` takes `now`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlslice._errors import RlsliceError, UnavailableError
+from rlslice.config import GroupSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """A job opens a lease in the group."""
+
+    job: str
+    lease_id: str
+    secret_hash: str
+    lease_seconds: float
+    priority: int | None = None
+    """Overrides the group spec's value for the job when set."""
+    weight: float | None = None
+    device_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Unregister:
+    """A job closes its lease: it leaves everything and its parked state is dropped."""
+
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAlive:
+    """A job renews its lease."""
+
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    """A job asks for the lock; `ticket` identifies the call."""
+
+    job: str
+    ticket: int
+    phase: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """The caller of acquire `ticket` went away (cancelled, deadline passed)."""
+
+    job: str
+    ticket: int
+
+
+@dataclass(frozen=True, slots=True)
+class Yield:
+    """The holder gives the lock up."""
+
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: lapse leases, ask holders past max_hold to yield, preempt after grace."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchDone:
+    """The coordinator evicted `evicted` and restored the incoming job."""
+
+    epoch: int
+    evicted: tuple[str, ...] = ()
+    moved_bytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFailed:
+    """A snapshot failed on some node; the coordinator rolled the others back."""
+
+    epoch: int
+    reason: str
+    kind: type[RlsliceError] = UnavailableError
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchFailed:
+    """The switch was abandoned before anything moved for good (rolled back)."""
+
+    epoch: int
+    reason: str
+    kind: type[RlsliceError] = UnavailableError
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreFailed:
+    """Restoring the incoming job failed after `evicted` were parked."""
+
+    epoch: int
+    reason: str
+    evicted: tuple[str, ...] = ()
+    moved_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PutGroup:
+    """The group's spec is replaced."""
+
+    spec: GroupSpec
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroup:
+    """The group is deleted (refused while held unless `force`)."""
+
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """The scheduler restarted: callers are gone, leases get a fresh term, a switch resumes."""
+
+
+Event = (
+    Register
+    | Unregister
+    | KeepAlive
+    | Acquire
+    | Cancel
+    | Yield
+    | Tick
+    | SwitchDone
+    | SnapshotFailed
+    | SwitchFailed
+    | RestoreFailed
+    | PutGroup
+    | DeleteGroup
+    | Recover
+)

@@ -1,0 +1,557 @@
+"""The group state machine: `step(state, event, now) -> Transition`. Pure: no I/O, no clock.
+
+A refused event raises an `rlslice` error and the caller keeps the old state, so a refusal
+never changes anything. Accepted events return the new state and the actions to execute,
+in order. Epochs only rise: an immediate grant raises the epoch by one; a switch reserves
+two (one for its snapshots and restore, one for rollback restores) and its grant keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rlslice._errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    RlsliceError,
+    UnavailableError,
+)
+from rlslice.config import GroupSpec
+from rlslice.scheduler.core import actions as a
+from rlslice.scheduler.core import events as ev
+from rlslice.scheduler.core.actions import Kind
+from rlslice.scheduler.core.policies import pick
+from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, Waiter
+
+#: A switch that fails is tried this many times in all before its waiter fails.
+MAX_SWITCH_ATTEMPTS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The state after an event (None: the group was deleted) and the actions to execute."""
+
+    state: GroupState | None
+    actions: tuple[a.Action, ...]
+
+
+def new_group(spec: GroupSpec) -> GroupState:
+    """A group with no jobs."""
+    return GroupState(spec=spec)
+
+
+class _Tx:
+    """Accumulates one transition: the evolving state and the actions, in order."""
+
+    __slots__ = ("actions", "deleted", "now", "s")
+
+    def __init__(self, state: GroupState, now: float) -> None:
+        self.s = state
+        self.now = now
+        self.actions: list[a.Action] = []
+        self.deleted = False
+
+    def set(self, **changes: Any) -> None:
+        self.s = replace(self.s, **changes)
+
+    def emit(self, action: a.Action) -> None:
+        self.actions.append(action)
+
+    def record(
+        self, kind: Kind, job: str = "", detail: str = "", seconds: float = 0.0, nbytes: int = 0
+    ) -> None:
+        self.actions.append(a.Record(kind, job, detail, seconds, nbytes))
+
+
+def step(state: GroupState, event: ev.Event, now: float) -> Transition:
+    """Apply `event` at time `now`. Raises an `RlsliceError` (state unchanged) to refuse it."""
+    tx = _Tx(state, now)
+    _HANDLERS[type(event)](tx, event)
+    return Transition(None if tx.deleted else tx.s, tuple(tx.actions))
+
+
+# -- requests from jobs ---------------------------------------------------------------
+
+
+def _register(tx: _Tx, e: ev.Register) -> None:
+    s = tx.s
+    if e.job in s.jobs:
+        raise AlreadyExistsError(
+            f"job: {e.job!r} already has a live lease in group {s.name!r}; "
+            "unregister it or let it lapse"
+        )
+    known = s.spec.job(e.job)
+    record = JobRecord(
+        name=e.job,
+        lease_id=e.lease_id,
+        secret_hash=e.secret_hash,
+        lease_seconds=e.lease_seconds,
+        expires_at=tx.now + e.lease_seconds,
+        priority=known.priority if e.priority is None else e.priority,
+        weight=known.weight if e.weight is None else e.weight,
+        device_bytes=e.device_bytes,
+    )
+    tx.set(jobs={**s.jobs, e.job: record})
+    tx.record(Kind.REGISTERED, e.job)
+
+
+def _unregister(tx: _Tx, e: ev.Unregister) -> None:
+    _require_job(tx.s, e.job)
+    _remove(tx, e.job, Kind.UNREGISTERED, "unregistered", force=True)
+    _serve(tx)
+
+
+def _keepalive(tx: _Tx, e: ev.KeepAlive) -> None:
+    record = _require_job(tx.s, e.job)
+    renewed = replace(record, expires_at=tx.now + record.lease_seconds)
+    tx.set(jobs={**tx.s.jobs, e.job: renewed})
+
+
+def _acquire(tx: _Tx, e: ev.Acquire) -> None:
+    s = tx.s
+    _require_job(s, e.job)
+    if s.holder == e.job:
+        raise AlreadyExistsError(f"job: {e.job!r} already holds group {s.name!r}")
+    waiter = s.waiter(e.job)
+    if waiter is not None:
+        if waiter.attached:
+            raise AlreadyExistsError(f"job: {e.job!r} is already waiting for group {s.name!r}")
+        # A caller back after a scheduler restart takes its old place in the queue.
+        rejoined = replace(waiter, ticket=e.ticket, attached=True, phase=e.phase or waiter.phase)
+        tx.set(queue=tuple(rejoined if w is waiter else w for w in s.queue))
+        tx.record(Kind.QUEUED, e.job, "rejoined")
+        _serve(tx)
+        return
+    if s.switch is not None and s.switch.incoming == e.job:
+        if s.switch.ticket is not None:
+            raise AlreadyExistsError(f"job: {e.job!r} is already waiting for group {s.name!r}")
+        tx.set(switch=replace(s.switch, ticket=e.ticket))
+        tx.record(Kind.QUEUED, e.job, "rejoined during a switch")
+        return
+    if e.job in s.preempted:
+        tx.set(preempted=s.preempted - {e.job})  # acquiring again implies the yield
+    tx.set(queue=(*tx.s.queue, Waiter(e.job, e.ticket, tx.now, e.phase)))
+    tx.record(Kind.QUEUED, e.job, e.phase)
+    _check_hold(tx)
+    _serve(tx)
+
+
+def _cancel(tx: _Tx, e: ev.Cancel) -> None:
+    s = tx.s
+    for waiter in s.queue:
+        if waiter.job == e.job and waiter.ticket == e.ticket:
+            tx.set(queue=tuple(w for w in s.queue if w is not waiter))
+            tx.record(Kind.CANCELLED, e.job)
+            return
+    if s.switch is not None and s.switch.incoming == e.job and s.switch.ticket == e.ticket:
+        # The switch runs on (it cannot stop half-way); the job ends up resident, not holding.
+        tx.set(switch=replace(s.switch, ticket=None))
+        tx.record(Kind.CANCELLED, e.job, "during its switch")
+
+
+def _yield(tx: _Tx, e: ev.Yield) -> None:
+    s = tx.s
+    _require_job(s, e.job)
+    waiters = s.attached_waiters()
+    if s.holder == e.job:
+        held = _end_hold(tx)
+        tx.record(Kind.YIELDED, e.job, seconds=held)
+        tx.emit(a.Yielded(e.job, waiters, snapshot_deferred=waiters == 0))
+        _serve(tx)
+        return
+    if e.job in s.preempted:
+        tx.set(preempted=s.preempted - {e.job})
+        tx.record(Kind.YIELDED, e.job, "after preemption")
+        tx.emit(a.Yielded(e.job, waiters, snapshot_deferred=False))
+        return
+    holder = f"held by {s.holder!r}" if s.holder else "not held"
+    raise FailedPreconditionError(
+        f"job: {e.job!r} does not hold group {s.name!r} (it is {holder}); only the holder may yield"
+    )
+
+
+# -- time -------------------------------------------------------------------------------
+
+
+def _tick(tx: _Tx, e: ev.Tick) -> None:
+    for record in list(tx.s.jobs.values()):
+        if record.expires_at <= tx.now:
+            _remove(tx, record.name, Kind.LEASE_EXPIRED, "lease lapsed", force=False)
+    _check_hold(tx)
+    _serve(tx)
+
+
+def _check_hold(tx: _Tx) -> None:
+    """Ask a holder past max_hold_seconds to yield; preempt it after the grace period."""
+    s = tx.s
+    limit = s.spec.max_hold_seconds
+    if s.holder is None or limit <= 0 or s.switch is not None or not s.attached_waiters():
+        return
+    if s.yield_requested_at is None:
+        if tx.now >= s.holder_since + limit:
+            tx.set(yield_requested_at=tx.now)
+            preempt_at = tx.now + s.spec.yield_grace_seconds
+            tx.emit(a.AskYield(s.holder, preempt_at))
+            tx.record(Kind.YIELD_REQUESTED, s.holder, f"held past {limit:g} s")
+        return
+    if tx.now < s.yield_requested_at + s.spec.yield_grace_seconds:
+        return
+    victim, since = s.holder, s.holder_since
+    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
+    assert waiter is not None  # attached_waiters() > 0
+    held = _end_hold(tx)
+    tx.set(preempted=tx.s.preempted | {victim}, queue=tuple(w for w in tx.s.queue if w is not waiter))
+    tx.emit(a.Preempt(victim))
+    tx.record(Kind.PREEMPTED, victim, f"did not yield within {s.spec.yield_grace_seconds:g} s", held)
+    _start_switch(tx, waiter, evict=(victim,), preempted=victim, preempted_since=since)
+
+
+def deadline(state: GroupState) -> float | None:
+    """The next time a Tick would change something: a lease lapse or a max-hold step."""
+    times = [record.expires_at for record in state.jobs.values()]
+    limit = state.spec.max_hold_seconds
+    if state.holder is not None and limit > 0 and state.switch is None:
+        if state.attached_waiters():
+            if state.yield_requested_at is None:
+                times.append(state.holder_since + limit)
+            else:
+                times.append(state.yield_requested_at + state.spec.yield_grace_seconds)
+    return min(times) if times else None
+
+
+def keepalive_answer(state: GroupState, job: str, now: float) -> tuple[float, bool, float]:
+    """(ttl seconds, yield requested, seconds before preemption) for a KeepAlive of `job`."""
+    record = state.jobs[job]
+    ttl = max(0.0, record.expires_at - now)
+    if state.holder == job and state.yield_requested_at is not None:
+        left = state.yield_requested_at + state.spec.yield_grace_seconds - now
+        return ttl, True, max(0.0, left)
+    if job in state.preempted:
+        return ttl, True, 0.0
+    return ttl, False, 0.0
+
+
+# -- switches ---------------------------------------------------------------------------
+
+
+def _serve(tx: _Tx) -> None:
+    """Hand a free group to the next waiter: at once if it is resident, else by a switch."""
+    s = tx.s
+    if s.holder is not None or s.switch is not None:
+        return
+    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
+    if waiter is None:
+        return
+    tx.set(queue=tuple(w for w in s.queue if w is not waiter))
+    if waiter.job in s.resident:
+        _grant(tx, waiter.job, waiter.ticket, tx.now - waiter.since, phase=waiter.phase)
+    else:
+        _start_switch(tx, waiter)
+
+
+def _start_switch(
+    tx: _Tx,
+    waiter: Waiter,
+    *,
+    evict: tuple[str, ...] = (),
+    preempted: str | None = None,
+    preempted_since: float = 0.0,
+) -> None:
+    s = tx.s
+    switch = Switch(
+        incoming=waiter.job,
+        ticket=waiter.ticket,
+        waited_since=waiter.since,
+        evict=evict,
+        candidates=tuple(j for j in s.resident if j != waiter.job and j not in evict),
+        restore=waiter.job in s.parked or waiter.job in s.faulted,
+        epoch=s.epoch + 1,
+        rollback_epoch=s.epoch + 2,
+        attempt=1,
+        started_at=tx.now,
+        preempted=preempted,
+        preempted_since=preempted_since,
+        phase=waiter.phase,
+    )
+    _launch(tx, switch)
+
+
+def _launch(tx: _Tx, switch: Switch) -> None:
+    tx.set(switch=switch, epoch=max(tx.s.epoch, switch.rollback_epoch))
+    tx.emit(a.StartSwitch(switch))
+    detail = f"attempt {switch.attempt}"
+    if switch.evict:
+        detail += f"; evict {', '.join(switch.evict)}"
+    tx.record(Kind.SWITCH_STARTED, switch.incoming, detail)
+
+
+def _retry(tx: _Tx, switch: Switch, **changes: Any) -> None:
+    epoch = tx.s.epoch
+    _launch(
+        tx,
+        replace(
+            switch,
+            epoch=epoch + 1,
+            rollback_epoch=epoch + 2,
+            attempt=switch.attempt + 1,
+            started_at=tx.now,
+            **changes,
+        ),
+    )
+
+
+def _current_switch(s: GroupState, epoch: int) -> Switch | None:
+    """The switch a coordinator report is about, or None for a stale report."""
+    return s.switch if s.switch is not None and s.switch.epoch == epoch else None
+
+
+def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
+    s = tx.s
+    switch = _current_switch(s, e.epoch)
+    if switch is None:
+        return
+    _park(tx, e.evicted)
+    incoming = switch.incoming
+    s = tx.s
+    if incoming in s.jobs:
+        resident = (*(j for j in s.resident if j != incoming), incoming)
+        faulted = {j: r for j, r in s.faulted.items() if j != incoming}
+        parked = tuple(j for j in s.parked if j != incoming)
+        tx.set(resident=resident, parked=parked, faulted=faulted)
+    tx.set(
+        switch=None,
+        switches=s.switches + 1,
+        last_switch_seconds=e.seconds,
+        last_switch_at=tx.now,
+    )
+    tx.record(Kind.SWITCH_DONE, incoming, seconds=e.seconds, nbytes=e.moved_bytes)
+    if switch.ticket is not None and incoming in s.jobs:
+        _grant(
+            tx,
+            incoming,
+            switch.ticket,
+            tx.now - switch.waited_since,
+            restored=switch.restore,
+            switch_seconds=e.seconds,
+            moved_bytes=e.moved_bytes,
+            reserved=True,
+            phase=switch.phase,
+        )
+    else:
+        _serve(tx)
+
+
+def _snapshot_failed(tx: _Tx, e: ev.SnapshotFailed | ev.SwitchFailed) -> None:
+    switch = _current_switch(tx.s, e.epoch)
+    if switch is None:
+        return
+    tx.set(switch=None)
+    tx.record(Kind.SWITCH_FAILED, switch.incoming, e.reason)
+    if switch.attempt < MAX_SWITCH_ATTEMPTS and switch.incoming in tx.s.jobs:
+        _retry(tx, switch)
+        return
+    _fail_switch(tx, switch, e.kind, f"switch to job {switch.incoming!r} failed: {e.reason}")
+    _undo_preempt(tx, switch)
+    _serve(tx)
+
+
+def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
+    switch = _current_switch(tx.s, e.epoch)
+    if switch is None:
+        return
+    _park(tx, e.evicted)
+    tx.set(switch=None)
+    tx.record(Kind.SWITCH_FAILED, switch.incoming, e.reason, nbytes=e.moved_bytes)
+    if switch.attempt < MAX_SWITCH_ATTEMPTS and switch.incoming in tx.s.jobs:
+        # The evictions held; only the restore is tried again.
+        _retry(tx, switch, evict=(), candidates=(), restore=True, preempted=None)
+        return
+    s = tx.s
+    if switch.incoming in s.jobs:
+        tx.set(
+            faulted={**s.faulted, switch.incoming: e.reason},
+            parked=tuple(j for j in s.parked if j != switch.incoming),
+            resident=tuple(j for j in s.resident if j != switch.incoming),
+        )
+        tx.record(Kind.FAULTED, switch.incoming, e.reason)
+    reason = f"restore of job {switch.incoming!r} failed: {e.reason}; the job is FAULTED"
+    _fail_switch(tx, switch, FailedPreconditionError, reason)
+    _serve(tx)
+
+
+def _park(tx: _Tx, evicted: tuple[str, ...]) -> None:
+    s = tx.s
+    gone = {j for j in evicted if j in s.jobs}
+    if gone:
+        tx.set(
+            resident=tuple(j for j in s.resident if j not in gone),
+            parked=(*s.parked, *(j for j in evicted if j in gone and j not in s.parked)),
+        )
+
+
+def _fail_switch(tx: _Tx, switch: Switch, kind: type[RlsliceError], reason: str) -> None:
+    if switch.ticket is not None:
+        tx.emit(a.Fail(switch.incoming, switch.ticket, kind, reason))
+        tx.record(Kind.FAILED, switch.incoming, reason)
+
+
+def _undo_preempt(tx: _Tx, switch: Switch) -> None:
+    """A failed preemption leaves the victim running: it holds again, and the grace restarts."""
+    victim = switch.preempted
+    s = tx.s
+    if victim is None or victim not in s.preempted or victim not in s.jobs or s.holder:
+        return
+    tx.set(
+        holder=victim,
+        holder_since=tx.now,
+        yield_requested_at=tx.now,
+        preempted=s.preempted - {victim},
+    )
+
+
+# -- lock bookkeeping -------------------------------------------------------------------
+
+
+def _grant(
+    tx: _Tx,
+    job: str,
+    ticket: int,
+    waited: float,
+    *,
+    restored: bool = False,
+    switch_seconds: float = 0.0,
+    moved_bytes: int = 0,
+    reserved: bool = False,
+    phase: str = "",
+) -> None:
+    s = tx.s
+    epoch = s.epoch if reserved else s.epoch + 1
+    tx.set(
+        holder=job,
+        holder_since=tx.now,
+        yield_requested_at=None,
+        epoch=epoch,
+        resident=(*(j for j in s.resident if j != job), job),
+    )
+    tx.emit(a.Grant(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes))
+    tx.record(Kind.GRANTED, job, phase, seconds=waited)
+
+
+def _end_hold(tx: _Tx) -> float:
+    """Close the current hold; return its length."""
+    s = tx.s
+    assert s.holder is not None
+    held = max(0.0, tx.now - s.holder_since)
+    record = s.jobs[s.holder]
+    tx.set(
+        jobs={**s.jobs, s.holder: replace(record, held_seconds=record.held_seconds + held)},
+        holder=None,
+        holder_since=0.0,
+        yield_requested_at=None,
+    )
+    tx.emit(a.HoldEnded(record.name, held))
+    return held
+
+
+def _remove(tx: _Tx, job: str, kind: Kind, reason: str, *, force: bool) -> None:
+    """Take `job` out of the group entirely; its waiting call fails with UNAVAILABLE."""
+    if tx.s.holder == job:
+        _end_hold(tx)
+    s = tx.s
+    failure = f"job {job!r} in group {s.name!r}: {reason}"
+    waiter = s.waiter(job)
+    if waiter is not None:
+        tx.set(queue=tuple(w for w in s.queue if w is not waiter))
+        if waiter.attached:
+            tx.emit(a.Fail(job, waiter.ticket, UnavailableError, failure))
+    if s.switch is not None and s.switch.incoming == job and s.switch.ticket is not None:
+        tx.emit(a.Fail(job, s.switch.ticket, UnavailableError, failure))
+        tx.set(switch=replace(s.switch, ticket=None))
+    s = tx.s
+    tx.set(
+        jobs={name: r for name, r in s.jobs.items() if name != job},
+        resident=tuple(j for j in s.resident if j != job),
+        parked=tuple(j for j in s.parked if j != job),
+        faulted={j: r for j, r in s.faulted.items() if j != job},
+        preempted=s.preempted - {job},
+    )
+    tx.record(kind, job, reason)
+    tx.emit(a.ReleaseState(job, force))
+
+
+def _require_job(s: GroupState, job: str) -> JobRecord:
+    record = s.jobs.get(job)
+    if record is None:
+        raise FailedPreconditionError(f"job: {job!r} is not registered in group {s.name!r}")
+    return record
+
+
+# -- the group itself -------------------------------------------------------------------
+
+
+def _put_group(tx: _Tx, e: ev.PutGroup) -> None:
+    if e.spec.name != tx.s.name:
+        raise InvalidArgumentError(f"spec.name: {e.spec.name!r} is not group {tx.s.name!r}")
+    tx.set(spec=e.spec)
+    tx.record(Kind.GROUP_PUT)
+    _check_hold(tx)
+    _serve(tx)
+
+
+def _delete_group(tx: _Tx, e: ev.DeleteGroup) -> None:
+    s = tx.s
+    busy = s.holder or (s.switch.incoming if s.switch else None)
+    if busy and not e.force:
+        raise FailedPreconditionError(
+            f"group: {s.name!r} is held by {busy!r}; set force to delete it anyway"
+        )
+    reason = f"group {s.name!r} was deleted"
+    for waiter in s.queue:
+        if waiter.attached:
+            tx.emit(a.Fail(waiter.job, waiter.ticket, NotFoundError, reason))
+    if s.switch is not None and s.switch.ticket is not None:
+        tx.emit(a.Fail(s.switch.incoming, s.switch.ticket, NotFoundError, reason))
+    if s.holder is not None:
+        _end_hold(tx)
+    for job in s.jobs:
+        tx.emit(a.ReleaseState(job, force=True))
+    tx.record(Kind.GROUP_DELETED)
+    tx.deleted = True
+
+
+def _recover(tx: _Tx, e: ev.Recover) -> None:
+    s = tx.s
+    # Callers reconnect after a restart: give every lease a fresh term to do so.
+    jobs = {
+        name: replace(r, expires_at=max(r.expires_at, tx.now + r.lease_seconds))
+        for name, r in s.jobs.items()
+    }
+    queue = tuple(replace(w, attached=False) for w in s.queue)
+    switch = replace(s.switch, ticket=None) if s.switch else None
+    tx.set(jobs=jobs, queue=queue, switch=switch)
+    if switch is not None:
+        tx.emit(a.StartSwitch(switch, resume=True))
+
+
+_HANDLERS: dict[type[Any], Callable[[_Tx, Any], None]] = {
+    ev.Register: _register,
+    ev.Unregister: _unregister,
+    ev.KeepAlive: _keepalive,
+    ev.Acquire: _acquire,
+    ev.Cancel: _cancel,
+    ev.Yield: _yield,
+    ev.Tick: _tick,
+    ev.SwitchDone: _switch_done,
+    ev.SnapshotFailed: _snapshot_failed,
+    ev.SwitchFailed: _snapshot_failed,
+    ev.RestoreFailed: _restore_failed,
+    ev.PutGroup: _put_group,
+    ev.DeleteGroup: _delete_group,
+    ev.Recover: _recover,
+}
+
+__all__ = ["MAX_SWITCH_ATTEMPTS", "Transition", "deadline", "keepalive_answer", "new_group", "step"]

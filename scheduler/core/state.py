@@ -1,0 +1,141 @@
+"""The state of one group, as immutable values.
+
+Every transition builds a new `GroupState` with `dataclasses.replace`; nothing here is ever
+mutated, so a state can be persisted, shown in an event or compared after the fact.
+Where a job stands is derived from one place each: `holder`, `queue`, `resident` (in LRU
+order, least recently used first), `parked` and `faulted`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rlslice.config import GroupSpec
+
+
+class Location(enum.StrEnum):
+    """Where a job's device state is, from the scheduler's point of view."""
+
+    IDLE = "idle"
+    """Registered and never ran on the group (no device state anywhere)."""
+    RESIDENT = "resident"
+    """On the GPUs, not holding the lock."""
+    HOLDING = "holding"
+    """On the GPUs and holding the lock."""
+    PARKED = "parked"
+    """In host DRAM."""
+    FAULTED = "faulted"
+    """A restore failed; the next acquire retries it."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A registered job: its lease and its scheduling inputs."""
+
+    name: str
+    lease_id: str
+    secret_hash: str
+    """A hash of the lease secret (never the secret itself)."""
+    lease_seconds: float
+    expires_at: float
+    """Unix time the lease lapses unless renewed."""
+    priority: int = 0
+    weight: float = 1.0
+    device_bytes: int = 0
+    """Device bytes the job said it expects to hold on each node (0: unknown)."""
+    held_seconds: float = 0.0
+    """Seconds the job has held the lock (closed holds only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """One blocked acquire."""
+
+    job: str
+    ticket: int
+    """Identifies the call; a cancel names the ticket so a late cancel never hits a newer call."""
+    since: float
+    phase: str = ""
+    attached: bool = True
+    """False after a scheduler restart until the job's client calls Acquire again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """A switch in flight: evict some jobs, restore `incoming`, then grant it."""
+
+    incoming: str
+    ticket: int | None
+    """The acquire to answer when done; None once that caller left."""
+    waited_since: float
+    evict: tuple[str, ...]
+    """Jobs that must be snapshotted (a preempted holder)."""
+    candidates: tuple[str, ...]
+    """Resident jobs, least recently used first, that may be evicted to make room."""
+    restore: bool
+    """Whether `incoming` is parked (or faulted) and must be restored."""
+    epoch: int
+    """Epoch every snapshot and restore of this attempt carries."""
+    rollback_epoch: int
+    """Epoch of the restores that undo a partial snapshot."""
+    attempt: int
+    started_at: float
+    preempted: str | None = None
+    """The holder this switch preempts, if any."""
+    preempted_since: float = 0.0
+    phase: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """Everything the scheduler knows about one group."""
+
+    spec: GroupSpec
+    jobs: Mapping[str, JobRecord] = field(default_factory=dict)
+    holder: str | None = None
+    holder_since: float = 0.0
+    queue: tuple[Waiter, ...] = ()
+    """Waiters in arrival order; the policy orders them when one is picked."""
+    resident: tuple[str, ...] = ()
+    """Jobs whose state is on the GPUs (holder included), least recently used first."""
+    parked: tuple[str, ...] = ()
+    faulted: Mapping[str, str] = field(default_factory=dict)
+    """Job -> why its restore failed."""
+    epoch: int = 0
+    switch: Switch | None = None
+    yield_requested_at: float | None = None
+    preempted: frozenset[str] = frozenset()
+    """Jobs preempted while they believed they held; their next Yield is accepted."""
+    switches: int = 0
+    last_switch_seconds: float = 0.0
+    last_switch_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        """The group id."""
+        return self.spec.name
+
+    def location(self, job: str) -> Location:
+        """Where `job` stands."""
+        if job == self.holder:
+            return Location.HOLDING
+        if job in self.faulted:
+            return Location.FAULTED
+        if job in self.resident:
+            return Location.RESIDENT
+        if job in self.parked:
+            return Location.PARKED
+        return Location.IDLE
+
+    def waiter(self, job: str) -> Waiter | None:
+        """The queued acquire of `job`, if any."""
+        for waiter in self.queue:
+            if waiter.job == job:
+                return waiter
+        return None
+
+    def attached_waiters(self) -> int:
+        """Waiters whose caller is connected."""
+        return sum(1 for w in self.queue if w.attached)
