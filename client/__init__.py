@@ -1,1 +1,17 @@
-"""rlslice component."""
+"""The job side of rlslice: hold a group of GPUs for the GPU phases of a training loop.
+
+>>> from rlslice.client import Client                       # doctest: +SKIP
+>>> client = Client(job="grpo-7b", group="gpus-a")           # doctest: +SKIP
+>>> with client.phase("train"):                              # doctest: +SKIP
+...     train_step()
+
+`AsyncClient` is the implementation, for asyncio code; `Client` runs it on a private loop
+thread for blocking code. Without a scheduler configured both pass every call through.
+`rlslice.client.testing` runs a real scheduler in-process for your own tests.
+"""
+
+from rlslice.client._async_client import AsyncClient
+from rlslice.client._results import Grant, YieldResult
+from rlslice.client._sync_client import Client
+
+__all__ = ["AsyncClient", "Client", "Grant", "YieldResult"]

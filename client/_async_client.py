@@ -1,0 +1,333 @@
+"""`AsyncClient`: the one implementation of the job-side API (the sync `Client` wraps it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import grpc
+
+from rlslice._errors import DeadlineExceededError, FailedPreconditionError
+from rlslice._ids import validate_seconds
+from rlslice.client._agent import register_with_local_agent
+from rlslice.client._backoff import Backoff
+from rlslice.client._connection import Connection, RpcFailed
+from rlslice.client._leases import LEASE_UNKNOWN, Lease, Leases, YieldRequestedCallback
+from rlslice.client._phase import AsyncPhase, validate_phase
+from rlslice.client._results import Grant, YieldResult
+from rlslice.client._settings import ClientSettings, resolve_settings
+from rlslice.config import TLSConfig
+from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+log = logging.getLogger("rlslice.client")
+
+#: Seconds a call other than Acquire keeps retrying while the scheduler is unreachable.
+RETRY_SECONDS = 30.0
+#: Longest acquire timeout accepted (a year).
+MAX_TIMEOUT = 365 * 86_400.0
+
+
+@dataclass
+class _Hold:
+    """How many phases of this client are inside a group, and the grant they share."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    count: int = 0
+    grant: Grant | None = None
+    generation: int = 0
+
+
+class AsyncClient:
+    """A job's handle on the scheduler, for asyncio code.
+
+    Arguments left out are read from the environment: `RLSLICE_JOB`, `RLSLICE_GROUP`,
+    `RLSLICE_SCHEDULER`, `RLSLICE_TOKEN` (or `RLSLICE_TOKEN_FILE`), `RLSLICE_LEASE_SECONDS`,
+    `RLSLICE_TLS_CA` / `RLSLICE_TLS_CERT` / `RLSLICE_TLS_KEY`. With no scheduler configured
+    the client is disabled: every call passes through at once, so the same code runs alone.
+
+    Ids are checked here (InvalidArgumentError naming the field); nothing touches the network
+    until the first call, which registers the job in the group (one lease per group, kept
+    alive in the background until `close()`).
+    """
+
+    def __init__(
+        self,
+        job: str | None = None,
+        group: str | None = None,
+        scheduler: str | None = None,
+        lease_seconds: float | None = None,
+        token: str | None = None,
+        tls: TLSConfig | None = None,
+        priority: int | None = None,
+        weight: float | None = None,
+        *,
+        on_yield_requested: YieldRequestedCallback | None = None,
+    ) -> None:
+        self._settings: ClientSettings = resolve_settings(
+            job=job,
+            group=group,
+            scheduler=scheduler,
+            lease_seconds=lease_seconds,
+            token=token,
+            tls=tls,
+            priority=priority,
+            weight=weight,
+            env=os.environ,
+        )
+        self._conn: Connection | None = None
+        self._leases: Leases | None = None
+        if self._settings.scheduler is None:
+            log.info(
+                "rlslice: no scheduler configured (RLSLICE_SCHEDULER): client disabled, phases pass through"
+            )
+        else:
+            self._conn = Connection(
+                self._settings.scheduler,
+                tls=self._settings.tls,
+                token=self._settings.token,
+                backoff=Backoff(),
+                retry_seconds=RETRY_SECONDS,
+            )
+            self._leases = Leases(self._conn, self._settings, on_yield_requested)
+        self._holds: dict[str, _Hold] = {}
+        self._agent_registered = False
+        self._agent_lock = asyncio.Lock()
+        self._closed = False
+
+    # -- what the client is -------------------------------------------------------------
+
+    @property
+    def job(self) -> str:
+        """The job id ("" for a disabled client given none)."""
+        return self._settings.job
+
+    @property
+    def group(self) -> str | None:
+        """The default group, used by calls that name none."""
+        return self._settings.group
+
+    @property
+    def scheduler(self) -> str | None:
+        """The scheduler's address, or None for a disabled client."""
+        return self._settings.scheduler
+
+    @property
+    def disabled(self) -> bool:
+        """True when no scheduler is configured and every call passes through."""
+        return self._settings.scheduler is None
+
+    def yield_requested(self, group: str | None = None) -> bool:
+        """Whether the scheduler asked this job to yield `group` (it held past max_hold_seconds)."""
+        lease = self._lease_of(self._group(group))
+        return lease is not None and lease.yield_requested
+
+    # -- the calls ------------------------------------------------------------------------
+
+    async def acquire(
+        self, timeout: float | None = None, group: str | None = None, phase: str = ""
+    ) -> Grant:
+        """Block until the job holds `group` (the default group when None).
+
+        `timeout` in seconds raises DeadlineExceededError when it passes; cancelling the
+        awaiting task cancels the call. Either way the job leaves the group's queue at once.
+        A scheduler restart while waiting does not surface: the call is issued again.
+        """
+        group_id = self._group(group)
+        if timeout is not None:
+            validate_seconds(
+                timeout, "timeout", minimum=1e-3, maximum=MAX_TIMEOUT, allow_zero=False
+            )
+        if phase:
+            validate_phase(phase)
+        self._check_open()
+        if self._leases is None or self._conn is None:
+            return Grant(0, 0.0, False, 0.0, 0, group_id, self.job, disabled=True)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = None if timeout is None else started + timeout
+        try:
+            await self._start(group_id)
+            lease = await self._leases.get(group_id, deadline)
+            return await self._acquire(lease, phase, deadline, started)
+        except RpcFailed as failed:
+            if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise DeadlineExceededError(
+                    f"timeout: group {group_id!r} not granted within {timeout:g} s"
+                ) from None
+            raise failed.error from None
+
+    async def _acquire(
+        self, lease: Lease, phase: str, deadline: float | None, started: float
+    ) -> Grant:
+        assert self._conn is not None
+        assert self._leases is not None
+        renewed = False
+        while True:
+            generation = lease.generation
+            request = pb.AcquireRequest(
+                job=self.job,
+                group=lease.group,
+                lease_id=lease.lease_id,
+                secret=lease.secret,
+                phase=phase,
+            )
+            try:
+                answer = await self._conn.call(
+                    "Acquire", request, pb.Grant, deadline=deadline, retry_seconds=math.inf
+                )
+                return _grant(answer, lease.group, self.job)
+            except RpcFailed as failed:
+                if failed.code in LEASE_UNKNOWN and (not renewed or lease.generation != generation):
+                    # The lease lapsed (or a restarted scheduler forgot it): register once more.
+                    renewed = renewed or lease.generation == generation
+                    await self._leases.renew(lease, generation, deadline)
+                    continue
+                if failed.code == grpc.StatusCode.ALREADY_EXISTS and failed.retried:
+                    # Granted before a restart whose answer was lost: the job holds the group.
+                    grant = await self._grant_from_status(lease.group, started, deadline)
+                    if grant is not None:
+                        return grant
+                raise
+
+    async def _grant_from_status(
+        self, group: str, started: float, deadline: float | None
+    ) -> Grant | None:
+        assert self._conn is not None
+        status = await self._conn.call(
+            "GetGroup", pb.GetGroupRequest(group=group), pb.GroupStatus, deadline=deadline
+        )
+        if status.holder != self.job:
+            return None
+        waited = asyncio.get_running_loop().time() - started
+        return Grant(status.epoch, waited, False, 0.0, 0, group, self.job)
+
+    async def yield_(self, group: str | None = None) -> YieldResult:
+        """Give `group` up. Returns at once; only the holder may yield.
+
+        A job that does not hold the group gets FailedPreconditionError.
+        """
+        group_id = self._group(group)
+        self._check_open()
+        if self._conn is None:
+            return YieldResult(0, False, disabled=True)
+        lease = self._lease_of(group_id)
+        if lease is None:
+            raise FailedPreconditionError(
+                f"group: job {self.job!r} does not hold {group_id!r} (it never acquired it)"
+            )
+        request = pb.YieldRequest(
+            job=self.job, group=group_id, lease_id=lease.lease_id, secret=lease.secret
+        )
+        try:
+            answer = await self._conn.call("Yield", request, pb.YieldResponse)
+        except RpcFailed as failed:
+            if failed.code == grpc.StatusCode.FAILED_PRECONDITION and failed.retried:
+                # The first attempt landed before the scheduler went away: already yielded.
+                log.info("yield of group %r landed before a scheduler restart", group_id)
+                return YieldResult(0, False)
+            raise failed.error from None
+        return YieldResult(answer.waiters, answer.snapshot_deferred)
+
+    async def release(self, group: str | None = None) -> YieldResult:
+        """Alias of `yield_()`."""
+        return await self.yield_(group)
+
+    def phase(self, name: str, group: str | None = None) -> AsyncPhase:
+        """Hold `group` for a block: `async with client.phase("train"):` or as a decorator
+        of an async function. Nested and concurrent phases of one client share one hold."""
+        return AsyncPhase(self, validate_phase(name), self._group(group))
+
+    async def close(self) -> None:
+        """Release every lock, leave every queue, stop the keep-alives, close the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._leases is not None:
+            await self._leases.close()
+        if self._conn is not None:
+            await self._conn.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        where = self.scheduler or "disabled"
+        return f"<AsyncClient job={self.job!r} group={self.group!r} scheduler={where}>"
+
+    # -- phases -------------------------------------------------------------------------
+
+    async def _enter_phase(self, name: str, group: str) -> Grant:
+        hold = self._holds.setdefault(group, _Hold())
+        async with hold.lock:
+            if hold.count == 0:
+                hold.grant = await self.acquire(group=group, phase=name)
+                lease = self._lease_of(group)
+                hold.generation = lease.generation if lease is not None else 0
+            hold.count += 1
+            assert hold.grant is not None
+            return hold.grant
+
+    async def _exit_phase(self, group: str) -> None:
+        hold = self._holds[group]
+        async with hold.lock:
+            hold.count -= 1
+            if hold.count > 0:
+                return
+            lease = self._lease_of(group)
+            if lease is not None and lease.generation != hold.generation:
+                log.warning(
+                    "job %r lost group %r during a phase (its lease lapsed): nothing to yield",
+                    self.job,
+                    group,
+                )
+                return
+            if not self._closed:
+                await self.yield_(group)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _group(self, group: str | None) -> str:
+        if self._settings.scheduler is None and not group and self._settings.group is None:
+            return ""  # a disabled client needs no group
+        return self._settings.group_or_default(group)
+
+    def _lease_of(self, group: str) -> Lease | None:
+        return None if self._leases is None else self._leases.peek(group)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FailedPreconditionError("client: closed")
+
+    async def _start(self, group: str) -> None:
+        socket_path = self._settings.agent_socket
+        if self._agent_registered or not socket_path:
+            return
+        async with self._agent_lock:
+            if not self._agent_registered:
+                await register_with_local_agent(socket_path, self.job, group)
+                self._agent_registered = True
+
+
+def _grant(answer: pb.Grant, group: str, job: str) -> Grant:
+    return Grant(
+        epoch=answer.epoch,
+        waited_seconds=answer.waited_seconds,
+        restored=answer.restored,
+        switch_seconds=answer.switch_seconds,
+        moved_bytes=answer.moved_bytes,
+        group=answer.group or group,
+        job=answer.job or job,
+    )

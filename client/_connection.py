@@ -1,0 +1,135 @@
+"""The client's channel to the scheduler: opened lazily, calls retried across restarts.
+
+A scheduler restart shows up as UNAVAILABLE. The channel reconnects by itself (with a short
+reconnect backoff set below); this module retries the call with capped exponential backoff
+until the caller's deadline or the retry budget runs out, then raises the mapped error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, TypeVar, cast
+
+import grpc
+from google.protobuf.message import Message
+
+from rlslice._channel import open_channel
+from rlslice._errors import DeadlineExceededError, RlsliceError
+from rlslice._grpc_errors import error_from_rpc
+from rlslice.client._backoff import Backoff
+from rlslice.config import TLSConfig
+from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+log = logging.getLogger("rlslice.client")
+
+T = TypeVar("T", bound=Message)
+
+# The channel's own reconnect backoff grows to two minutes by default; a restarted
+# scheduler should be found within a couple of seconds.
+RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+)
+
+
+class RpcFailed(Exception):
+    """A call failed with `code`; `error` is the rlslice error to raise for it."""
+
+    def __init__(self, code: grpc.StatusCode, error: RlsliceError) -> None:
+        super().__init__(str(error))
+        self.code = code
+        self.error = error
+        #: Whether an earlier attempt of the same call failed with UNAVAILABLE, so the
+        #: server may have acted on a request whose answer was lost.
+        self.retried = False
+
+
+class Connection:
+    """One channel to one scheduler, shared by every group a client uses."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        tls: TLSConfig | None,
+        token: str | None,
+        backoff: Backoff,
+        retry_seconds: float,
+    ) -> None:
+        self.address = address
+        self._tls = tls
+        self._token = token
+        self._backoff = backoff
+        self._retry_seconds = retry_seconds
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+
+    def _ensure_open(self) -> Any:
+        # grpc.aio binds a channel to the running loop, so it is made on first use.
+        if self._stub is None:
+            self._channel = open_channel(
+                self.address, tls=self._tls, token=self._token, options=RECONNECT_OPTIONS
+            )
+            self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close(None)
+
+    async def once(
+        self, method: str, request: Message, response: type[T], *, timeout: float | None
+    ) -> T:
+        """One attempt of `method`; raises RpcFailed on any gRPC error."""
+        stub = self._ensure_open()
+        try:
+            answer = await getattr(stub, method)(request, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            raise RpcFailed(error.code(), error_from_rpc(error)) from error
+        return cast(T, answer)
+
+    async def call(
+        self,
+        method: str,
+        request: Message,
+        response: type[T],
+        *,
+        deadline: float | None = None,
+        retry_seconds: float | None = None,
+        what: str = "",
+    ) -> T:
+        """`method` retried on UNAVAILABLE until `deadline` (loop time) or the retry budget.
+
+        `retry_seconds` None takes the connection's default budget; `float("inf")` retries
+        until the deadline. Any other failure raises RpcFailed at once.
+        """
+        loop = asyncio.get_running_loop()
+        budget = self._retry_seconds if retry_seconds is None else retry_seconds
+        give_up = loop.time() + budget
+        delays = self._backoff.delays()
+        retried = False
+        while True:
+            timeout = None if deadline is None else deadline - loop.time()
+            if timeout is not None and timeout <= 0:
+                failed = RpcFailed(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    DeadlineExceededError(f"{what or method}: deadline passed"),
+                )
+                failed.retried = retried
+                raise failed
+            try:
+                return await self.once(method, request, response, timeout=timeout)
+            except RpcFailed as failed:
+                failed.retried = retried
+                if failed.code != grpc.StatusCode.UNAVAILABLE or loop.time() >= give_up:
+                    raise
+                retried = True
+                log.debug("%s: scheduler %s unavailable, retrying", method, self.address)
+            delay = next(delays)
+            if deadline is not None:
+                delay = max(0.0, min(delay, deadline - loop.time()))
+            await asyncio.sleep(delay)

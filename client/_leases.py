@@ -1,0 +1,209 @@
+"""A client's leases, one per group: registered on first use, kept alive in the background.
+
+The keep-alive of a lease runs every third of its ttl; it carries the scheduler's
+`yield_requested` back to the job. A lease the scheduler no longer knows (it lapsed, or a
+scheduler with an in-memory store restarted) is registered again; a lock held under the
+old lease is gone, which `generation` lets a phase notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from rlslice.client._connection import Connection, RpcFailed
+from rlslice.client._settings import ClientSettings
+from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+log = logging.getLogger("rlslice.client")
+
+#: Codes with which a scheduler refuses a lease it does not know (lapsed or forgotten).
+LEASE_UNKNOWN = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED})
+#: Shortest pause between keep-alives, whatever the ttl.
+MIN_KEEPALIVE_INTERVAL = 0.05
+#: Seconds a closing client waits for each Unregister.
+UNREGISTER_TIMEOUT = 5.0
+
+YieldRequestedCallback = Callable[[str, float], object]
+"""`on_yield_requested(group, preempt_in_seconds)`; may be a coroutine function."""
+
+
+@dataclass
+class Lease:
+    """One registration in one group. Mutated only on the client's event loop."""
+
+    group: str
+    lease_id: str
+    secret: str
+    ttl: float
+    generation: int = 1
+    """Raised at every registration again; a grant from an older generation is void."""
+    yield_requested: bool = False
+    preempt_in_seconds: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+
+class Leases:
+    """Registers, renews and closes the leases of one client."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        settings: ClientSettings,
+        on_yield_requested: YieldRequestedCallback | None,
+    ) -> None:
+        self._conn = connection
+        self._settings = settings
+        self._on_yield_requested = on_yield_requested
+        self._leases: dict[str, Lease] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._callbacks: set[asyncio.Task[None]] = set()
+
+    def peek(self, group: str) -> Lease | None:
+        """The lease in `group`, if the client registered there."""
+        return self._leases.get(group)
+
+    async def get(self, group: str, deadline: float | None) -> Lease:
+        """The lease in `group`, registering on first use."""
+        lease = self._leases.get(group)
+        if lease is not None:
+            return lease
+        async with self._locks.setdefault(group, asyncio.Lock()):
+            lease = self._leases.get(group)
+            if lease is None:
+                answer = await self._register(group, deadline)
+                lease = Lease(group, answer.lease_id, answer.secret, answer.lease_seconds)
+                lease.task = asyncio.create_task(
+                    self._keep_alive(lease), name=f"rlslice-keepalive-{group}"
+                )
+                self._leases[group] = lease
+            return lease
+
+    async def renew(self, lease: Lease, seen_generation: int, deadline: float | None) -> None:
+        """Register `lease`'s group again, unless that happened since `seen_generation`."""
+        async with self._locks.setdefault(lease.group, asyncio.Lock()):
+            if lease.generation != seen_generation:
+                return
+            answer = await self._register(lease.group, deadline)
+            lease.lease_id, lease.secret = answer.lease_id, answer.secret
+            lease.ttl = answer.lease_seconds
+            lease.generation += 1
+            lease.yield_requested = False
+            log.warning(
+                "lease of job %r in group %r was unknown to the scheduler: registered again "
+                "(a lock held under the old lease is lost)",
+                self._settings.job,
+                lease.group,
+            )
+
+    async def _register(self, group: str, deadline: float | None) -> pb.RegisterResponse:
+        s = self._settings
+        request = pb.RegisterRequest(job=s.job, group=group, lease_seconds=s.lease_seconds)
+        if s.priority is not None:
+            request.priority = s.priority
+        if s.weight is not None:
+            request.weight = s.weight
+        try:
+            answer = await self._conn.call(
+                "Register", request, pb.RegisterResponse, deadline=deadline, what="register"
+            )
+        except RpcFailed as failed:
+            raise failed.error from None
+        log.debug(
+            "job %r registered in group %r (lease %.1f s)", s.job, group, answer.lease_seconds
+        )
+        return answer
+
+    async def _keep_alive(self, lease: Lease) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(MIN_KEEPALIVE_INTERVAL, lease.ttl / 3))
+            generation = lease.generation
+            request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
+            try:
+                # Retry through a restart for up to one ttl; the next tick tries again.
+                answer = await self._conn.call(
+                    "KeepAlive",
+                    request,
+                    pb.KeepAliveResponse,
+                    deadline=loop.time() + max(1.0, lease.ttl),
+                    retry_seconds=math.inf,
+                )
+            except RpcFailed as failed:
+                if failed.code in LEASE_UNKNOWN:
+                    await self._renew_quietly(lease, generation)
+                else:
+                    log.warning("keep-alive of group %r failed: %s", lease.group, failed)
+                continue
+            if answer.ttl_seconds > 0:
+                lease.ttl = answer.ttl_seconds
+            self._note_yield_request(lease, answer)
+
+    async def _renew_quietly(self, lease: Lease, generation: int) -> None:
+        try:
+            await self.renew(lease, generation, None)
+        except Exception as error:  # the keep-alive must outlive any one failure
+            log.warning("registering again in group %r failed: %s", lease.group, error)
+
+    def _note_yield_request(self, lease: Lease, answer: pb.KeepAliveResponse) -> None:
+        asked_now = answer.yield_requested and not lease.yield_requested
+        lease.yield_requested = answer.yield_requested
+        lease.preempt_in_seconds = answer.preempt_in_seconds
+        if not asked_now:
+            return
+        log.info(
+            "scheduler asks job %r to yield group %r (preemption in %.1f s)",
+            self._settings.job,
+            lease.group,
+            answer.preempt_in_seconds,
+        )
+        if self._on_yield_requested is not None:
+            # In a task of its own: a slow callback must not hold up the keep-alive.
+            task = asyncio.create_task(
+                self._call_back(self._on_yield_requested, lease.group, answer.preempt_in_seconds)
+            )
+            self._callbacks.add(task)
+            task.add_done_callback(self._callbacks.discard)
+
+    @staticmethod
+    async def _call_back(callback: YieldRequestedCallback, group: str, preempt_in: float) -> None:
+        try:
+            result = callback(group, preempt_in)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("on_yield_requested callback failed for group %r", group)
+
+    async def close(self) -> None:
+        """Stop every keep-alive and unregister every lease (releasing locks, leaving queues)."""
+        leases, self._leases = list(self._leases.values()), {}
+        for task in list(self._callbacks):
+            task.cancel()
+        for lease in leases:
+            if lease.task is not None:
+                lease.task.cancel()
+        for lease in leases:
+            if lease.task is not None:
+                await asyncio.gather(lease.task, return_exceptions=True)
+        await asyncio.gather(*(self._unregister(lease) for lease in leases))
+
+    async def _unregister(self, lease: Lease) -> None:
+        loop = asyncio.get_running_loop()
+        request = pb.UnregisterRequest(lease_id=lease.lease_id, secret=lease.secret)
+        try:
+            await self._conn.call(
+                "Unregister",
+                request,
+                pb.UnregisterResponse,
+                deadline=loop.time() + UNREGISTER_TIMEOUT,
+                retry_seconds=math.inf,
+            )
+        except RpcFailed as failed:
+            if failed.code not in LEASE_UNKNOWN:  # already gone is as good as unregistered
+                log.warning("unregistering from group %r failed: %s", lease.group, failed)

@@ -1,0 +1,153 @@
+"""`Client`: the blocking face of `AsyncClient`, for plain training loops.
+
+Every call runs the `AsyncClient` method of the same name on a private event loop in a
+daemon thread and blocks on its result; no logic is repeated here. Calls may come from
+several threads at once: they all land on the one loop, which serialises the client's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TypeVar
+
+from rlslice._errors import FailedPreconditionError
+from rlslice.client._async_client import AsyncClient
+from rlslice.client._leases import YieldRequestedCallback
+from rlslice.client._loop_thread import LoopThread
+from rlslice.client._phase import SyncPhase, validate_phase
+from rlslice.client._results import Grant, YieldResult
+from rlslice.config import TLSConfig
+
+T = TypeVar("T")
+
+
+class Client:
+    """A job's handle on the scheduler, for blocking code. Same arguments as `AsyncClient`.
+
+    >>> client = Client(job="grpo-7b", group="gpus-a")        # doctest: +SKIP
+    >>> with client.phase("train"):                            # doctest: +SKIP
+    ...     train_step()
+
+    A sync `on_yield_requested(group, preempt_in_seconds)` callback runs on a worker thread,
+    so it may call this client (to yield, say).
+    """
+
+    def __init__(
+        self,
+        job: str | None = None,
+        group: str | None = None,
+        scheduler: str | None = None,
+        lease_seconds: float | None = None,
+        token: str | None = None,
+        tls: TLSConfig | None = None,
+        priority: int | None = None,
+        weight: float | None = None,
+        *,
+        on_yield_requested: YieldRequestedCallback | None = None,
+    ) -> None:
+        callback = _off_loop(on_yield_requested) if on_yield_requested is not None else None
+        self._async = AsyncClient(
+            job,
+            group,
+            scheduler,
+            lease_seconds,
+            token,
+            tls,
+            priority,
+            weight,
+            on_yield_requested=callback,
+        )
+        self._thread: LoopThread | None = None
+        self._thread_lock = threading.Lock()
+
+    def _run(self, make: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        if self._async._closed:
+            raise FailedPreconditionError("client: closed")
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = LoopThread(name=f"rlslice-client-{self._async.job or 'disabled'}")
+            thread = self._thread
+        return thread.run(lambda: make(self._async))
+
+    @property
+    def job(self) -> str:
+        """The job id ("" for a disabled client given none)."""
+        return self._async.job
+
+    @property
+    def group(self) -> str | None:
+        """The default group, used by calls that name none."""
+        return self._async.group
+
+    @property
+    def scheduler(self) -> str | None:
+        """The scheduler's address, or None for a disabled client."""
+        return self._async.scheduler
+
+    @property
+    def disabled(self) -> bool:
+        """True when no scheduler is configured and every call passes through."""
+        return self._async.disabled
+
+    def yield_requested(self, group: str | None = None) -> bool:
+        """Whether the scheduler asked this job to yield `group`."""
+        return self._async.yield_requested(group)
+
+    def acquire(
+        self, timeout: float | None = None, group: str | None = None, phase: str = ""
+    ) -> Grant:
+        """Block until the job holds `group`; see `AsyncClient.acquire`."""
+        return self._run(lambda c: c.acquire(timeout, group, phase))
+
+    def yield_(self, group: str | None = None) -> YieldResult:
+        """Give `group` up; see `AsyncClient.yield_`."""
+        return self._run(lambda c: c.yield_(group))
+
+    def release(self, group: str | None = None) -> YieldResult:
+        """Alias of `yield_()`."""
+        return self.yield_(group)
+
+    def phase(self, name: str, group: str | None = None) -> SyncPhase:
+        """Hold `group` for a block: `with client.phase("train"):` or `@client.phase("train")`."""
+        return SyncPhase(self, validate_phase(name), self._async._group(group))
+
+    def close(self) -> None:
+        """Release every lock, leave every queue, stop the keep-alives and the loop thread."""
+        with self._thread_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            try:
+                thread.run(self._async.close)
+            finally:
+                thread.stop()
+        else:  # never used: no lease, no channel, nothing to release
+            self._async._closed = True
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncClient", "Client", 1)
+
+
+def _off_loop(callback: YieldRequestedCallback) -> YieldRequestedCallback:
+    """Run a sync callback on a worker thread so it may block on the client."""
+    if inspect.iscoroutinefunction(callback):
+        return callback
+
+    async def call(group: str, preempt_in: float) -> object:
+        return await asyncio.to_thread(callback, group, preempt_in)
+
+    return call
