@@ -1,0 +1,269 @@
+"""`rlslice timeline GROUP --out FILE`: where a group's GPU time went, as a picture and a trace.
+
+Reads the group's bounded event ring from the scheduler (`GetEvents`) or from a saved log
+(`--from-log`, the JSON form of a `GetEventsResponse`, as `--save-log` writes it), folds it
+into lanes (`rlslice._trace_export.build_timeline`) and writes, by the suffix of each
+`--out`:
+
+- `.json`: a Chrome trace (open it in Perfetto, ui.perfetto.dev, or chrome://tracing);
+- `.png`: a picture, one lane per job, held phases coloured by phase name, waits hatched,
+  switches and snapshot/restore moves on their own lanes, yields and faults marked.
+
+grpc and matplotlib are imported only when needed, so the pure parts stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from rlslice._trace_export import (
+    MOVES_LANE,
+    SWITCH_LANE,
+    Event,
+    Timeline,
+    build_timeline,
+    chrome_trace,
+    event_to_dict,
+    events_from_json,
+)
+
+if TYPE_CHECKING:
+    from rlslice.v1alpha1 import scheduler_pb2
+
+DEFAULT_SCHEDULER = "127.0.0.1:7070"
+SUFFIXES = (".json", ".png")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("group", help="group id")
+    parser.add_argument(
+        "--out",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="output file; .json writes a Chrome trace, .png a picture (repeat for both)",
+    )
+    parser.add_argument(
+        "--scheduler",
+        default=os.environ.get("RLSLICE_SCHEDULER", DEFAULT_SCHEDULER),
+        help="scheduler address host:port (env RLSLICE_SCHEDULER)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("RLSLICE_TOKEN", ""),
+        help="bearer token (env RLSLICE_TOKEN)",
+    )
+    parser.add_argument(
+        "--from-log",
+        type=Path,
+        metavar="EVENTS.json",
+        help="read events from this file instead of asking the scheduler",
+    )
+    parser.add_argument(
+        "--save-log", type=Path, metavar="EVENTS.json", help="also save the raw events here"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=0, help="at most this many newest events (0: all kept)"
+    )
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the RPC")
+
+
+def run(args: argparse.Namespace) -> int:
+    outs: list[Path] = list(args.out)
+    if not outs:
+        print("timeline: --out: give at least one FILE.json or FILE.png", file=sys.stderr)
+        return 2
+    for out in outs:
+        if out.suffix.lower() not in SUFFIXES:
+            print(f"timeline: --out: {out}: suffix must be .json or .png", file=sys.stderr)
+            return 2
+    if args.limit < 0:
+        print("timeline: --limit: must be 0 or more", file=sys.stderr)
+        return 2
+    if args.from_log is not None:
+        try:
+            events = events_from_json(json.loads(args.from_log.read_text()))
+        except (OSError, ValueError) as error:
+            print(f"timeline: --from-log: {args.from_log}: {error}", file=sys.stderr)
+            return 2
+    else:
+        import asyncio
+
+        from rlslice._errors import RlsliceError
+
+        try:
+            events = asyncio.run(
+                fetch_events(args.scheduler, args.group, args.limit, args.token, args.timeout)
+            )
+        except RlsliceError as error:
+            print(f"timeline: {args.scheduler}: {error}", file=sys.stderr)
+            return 1
+    if args.save_log is not None:
+        args.save_log.write_text(
+            json.dumps({"events": [event_to_dict(e) for e in events]}, indent=1)
+        )
+    timeline = build_timeline(events, args.group)
+    if not timeline.lanes:
+        print(f"timeline: group {args.group!r}: no events", file=sys.stderr)
+    for out in outs:
+        write(timeline, out)
+        print(f"wrote {out}")
+    return 0
+
+
+def write(timeline: Timeline, out: Path) -> None:
+    """Write `timeline` to `out`: a Chrome trace for .json, a picture for .png."""
+    if out.suffix.lower() == ".png":
+        plot_timeline(timeline, out)
+    else:
+        out.write_text(json.dumps(chrome_trace(timeline)))
+
+
+async def fetch_events(
+    address: str, group: str, limit: int = 0, token: str = "", timeout: float = 10.0
+) -> list[Event]:
+    """The group's event ring from the scheduler at `address` (raises an rlslice error)."""
+    import grpc
+
+    from rlslice._channel import open_channel
+    from rlslice._grpc_errors import error_from_rpc
+    from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
+
+    async with open_channel(address, token=token or None) as channel:
+        # The async stub type exists only in the .pyi (mypy-protobuf); at run time it is the same.
+        stub = cast(
+            "scheduler_pb2_grpc.SchedulerAsyncStub", scheduler_pb2_grpc.SchedulerStub(channel)
+        )
+        try:
+            answer = await stub.GetEvents(
+                scheduler_pb2.GetEventsRequest(group=group, limit=limit), timeout=timeout
+            )
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+    return [event_from_proto(e) for e in answer.events]
+
+
+def event_from_proto(message: scheduler_pb2.GroupEvent) -> Event:
+    """The plain `Event` of a `GroupEvent` (its `status` is left out)."""
+    from rlslice.v1alpha1 import scheduler_pb2
+
+    return Event(
+        time=message.time,
+        group=message.group,
+        kind=scheduler_pb2.EventKind.Name(message.kind).removeprefix("EVENT_KIND_"),
+        job=message.job,
+        epoch=message.epoch,
+        seconds=message.seconds,
+        bytes=message.bytes,
+        detail=message.detail,
+        seq=message.seq,
+    )
+
+
+# Colours by interval category; held phases get a colour per phase name from _PHASES.
+_COLOURS = {"waiting": "#d9d9d9", "switch": "#d62728", "snapshot": "#ff7f0e", "restore": "#2ca02c"}
+_PHASES = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#bcbd22", "#e377c2", "#7f7f7f")
+_MARKERS = {
+    "yielded": "|",
+    "yield_requested": "^",
+    "preempted": "x",
+    "faulted": "X",
+    "failed": "X",
+    "lease_expired": "v",
+    "cancelled": "_",
+}
+
+
+def plot_timeline(timeline: Timeline, out: Path, width_inches: float = 12.0) -> None:
+    """Draw `timeline` to a PNG at `out`: one lane per job and per switch lane."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    lanes = list(timeline.lanes)
+    height = 1.2 + 0.45 * max(len(lanes), 1)
+    fig, ax = plt.subplots(figsize=(width_inches, height), dpi=100)
+    try:
+        origin = timeline.start
+        row = {lane: index for index, lane in enumerate(lanes)}
+        phases: dict[str, str] = {}
+        legend: dict[str, str] = {}
+        for interval in timeline.intervals:
+            if interval.category == "held":
+                colour = phases.setdefault(interval.name, _PHASES[len(phases) % len(_PHASES)])
+                label = interval.name
+            elif interval.args.get("outcome") == "failed":
+                colour, label = "#7f0000", "switch failed"
+            else:
+                colour = _COLOURS.get(interval.category, "#7f7f7f")
+                label = interval.category
+            legend.setdefault(label, colour)
+            ax.broken_barh(
+                [(interval.start - origin, max(interval.end - interval.start, 1e-4))],
+                (row[interval.lane] - 0.35, 0.7),
+                facecolors=colour,
+                edgecolor="black" if interval.category == "switch" else "none",
+                linewidth=0.4,
+                hatch="//" if interval.category == "waiting" else None,
+            )
+        for instant in timeline.instants:
+            ax.plot(
+                [instant.time - origin],
+                [row[instant.lane]],
+                marker=_MARKERS.get(instant.name, "."),
+                color="black",
+                markersize=7,
+                linestyle="none",
+            )
+        for interval in timeline.intervals:
+            if interval.category == "switch":  # a thin mark across every lane
+                ax.axvline(interval.start - origin, color="#d62728", linewidth=0.5, alpha=0.4)
+        ax.set_yticks(range(len(lanes)), [_lane_label(lane) for lane in lanes])
+        ax.set_ylim(len(lanes) - 0.5, -0.5)
+        ax.set_xlim(0, max(timeline.end - origin, 1e-3))
+        ax.set_xlabel("seconds since the first event")
+        ax.set_title(f"group {timeline.group}: GPU time by job")
+        ax.grid(axis="x", linewidth=0.3)
+        if legend:
+            marks = sorted({i.name for i in timeline.instants})
+            ax.legend(
+                handles=[Patch(facecolor=c, label=name) for name, c in legend.items()]
+                + [
+                    Line2D(
+                        [],
+                        [],
+                        marker=_MARKERS.get(m, "."),
+                        color="black",
+                        linestyle="none",
+                        label=m,
+                    )
+                    for m in marks
+                ],
+                loc="upper left",
+                bbox_to_anchor=(1.0, 1.0),
+                fontsize="small",
+            )
+        fig.tight_layout()
+        fig.savefig(out, format="png")
+    finally:
+        plt.close(fig)
+
+
+def _lane_label(lane: str) -> str:
+    if lane.startswith(SWITCH_LANE):
+        return lane.replace(SWITCH_LANE, "switches")
+    if lane.startswith(MOVES_LANE):
+        return lane.replace(MOVES_LANE, "moves")
+    return lane
+
+
+__all__ = ["event_from_proto", "fetch_events", "plot_timeline", "write"]

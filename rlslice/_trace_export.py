@@ -1,0 +1,389 @@
+"""Scheduler events -> timeline lanes -> Chrome trace JSON. Pure: no grpc, no protobuf.
+
+The scheduler keeps a bounded ring of each group's events (`GetEvents`). This module turns
+that list into what a person wants to see: when each job held the group (and for which
+phase), when it waited, when the group switched and what moved. `rlslice timeline` draws the
+same `Timeline` as a PNG and writes it as a Chrome trace (opens in Perfetto and
+chrome://tracing).
+
+Input is plain data: `Event` values, built from the proto JSON form of `GetEventsResponse`
+(`events_from_json`, what `rlslice timeline --save-log` writes) or, in `rlslice._timeline`,
+from the protobuf messages.
+
+How events become intervals (times are Unix seconds):
+
+| lane | interval | from | to |
+|---|---|---|---|
+| job | `held` (named by the phase) | GRANTED(job) | YIELDED, PREEMPTED, LEASE_EXPIRED, UNREGISTERED, FAULTED, FAILED of the job, a GRANTED of another job, GROUP_DELETED |
+| job | `waiting` | QUEUED(job) | GRANTED, CANCELLED, FAILED, FAULTED, LEASE_EXPIRED, UNREGISTERED of the job, GROUP_DELETED |
+| `[switch]` | `switch -> job` | SWITCH_STARTED | SWITCH_DONE / SWITCH_FAILED (or `time - seconds` when the start fell out of the ring) |
+| `[moves]` | `snapshot job` / `restore job` | `time - seconds` | SNAPSHOT_DONE / RESTORE_DONE |
+
+An interval still open at the end of the log ends at the last event and says `open`.
+Intervals that would overlap within one lane spill into a numbered lane (`[moves] #2`), so
+no lane ever holds two overlapping intervals (a Chrome trace needs proper nesting).
+Yields, preemptions, faults, lease expiries, cancellations and failures are instants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The lanes of switch intervals and of snapshot/restore intervals. Brackets cannot occur in
+#: a job id (a DNS-1123 label), so a job named "switch" gets a lane of its own.
+SWITCH_LANE = "[switch]"
+MOVES_LANE = "[moves]"
+
+_HELD_ENDS = frozenset(
+    {"YIELDED", "PREEMPTED", "LEASE_EXPIRED", "UNREGISTERED", "FAULTED", "FAILED"}
+)
+_WAIT_ENDS = frozenset(
+    {"GRANTED", "CANCELLED", "FAILED", "FAULTED", "LEASE_EXPIRED", "UNREGISTERED"}
+)
+#: Event kinds drawn as instants on the job's lane (or the switch lane).
+INSTANT_KINDS = frozenset(
+    {
+        "YIELDED",
+        "YIELD_REQUESTED",
+        "PREEMPTED",
+        "FAULTED",
+        "LEASE_EXPIRED",
+        "CANCELLED",
+        "FAILED",
+        "SWITCH_FAILED",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One scheduler event, as plain data (the fields of `GroupEvent` without `status`)."""
+
+    time: float
+    """Unix time of the event."""
+    group: str
+    kind: str
+    """The `EventKind` name without its `EVENT_KIND_` prefix: "GRANTED", "SWITCH_DONE"."""
+    job: str = ""
+    epoch: int = 0
+    seconds: float = 0.0
+    """Seconds (switch, snapshot, restore, wait), where they apply."""
+    bytes: int = 0
+    """Bytes moved, where they apply."""
+    detail: str = ""
+    """A phase name or a failure reason."""
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A span of time on one lane."""
+
+    lane: str
+    name: str
+    category: str
+    """"held", "waiting", "switch", "snapshot" or "restore"."""
+    start: float
+    end: float
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Instant:
+    """A point event on one lane (a yield, a fault)."""
+
+    lane: str
+    name: str
+    time: float
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A group's history as lanes of non-overlapping intervals plus instants."""
+
+    group: str
+    start: float
+    end: float
+    lanes: tuple[str, ...]
+    """Lane names in display order: switch lanes first, then jobs in order of appearance."""
+    intervals: tuple[Interval, ...]
+    instants: tuple[Instant, ...]
+
+
+def normalise_kind(kind: str | int) -> str:
+    """`EVENT_KIND_GRANTED` or `GRANTED` -> `GRANTED`."""
+    text = str(kind)
+    return text.removeprefix("EVENT_KIND_")
+
+
+def event_from_dict(data: Mapping[str, Any]) -> Event:
+    """An `Event` from the proto JSON form of a `GroupEvent` (int64 fields may be strings)."""
+    return Event(
+        time=float(data.get("time", 0.0)),
+        group=str(data.get("group", "")),
+        kind=normalise_kind(data.get("kind", "UNSPECIFIED")),
+        job=str(data.get("job", "")),
+        epoch=int(data.get("epoch", 0)),
+        seconds=float(data.get("seconds", 0.0)),
+        bytes=int(data.get("bytes", 0)),
+        detail=str(data.get("detail", "")),
+        seq=int(data.get("seq", 0)),
+    )
+
+
+def events_from_json(data: Any) -> list[Event]:
+    """Events from a JSON document: `{"events": [...]}` (a `GetEventsResponse`) or a list.
+
+    Raises ValueError naming what is wrong when the document has neither shape.
+    """
+    items = data.get("events", []) if isinstance(data, Mapping) else data
+    if not isinstance(items, list):
+        raise ValueError("events: expected a list of events or an object with 'events'")
+    events = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"events[{index}]: expected an object")
+        events.append(event_from_dict(item))
+    return events
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """The proto JSON form of `event` (what `events_from_json` reads back)."""
+    return {
+        "time": event.time,
+        "group": event.group,
+        "kind": f"EVENT_KIND_{event.kind}",
+        "job": event.job,
+        "epoch": str(event.epoch),
+        "seconds": event.seconds,
+        "bytes": str(event.bytes),
+        "detail": event.detail,
+        "seq": str(event.seq),
+    }
+
+
+def build_timeline(events: Iterable[Event], group: str = "") -> Timeline:
+    """Fold events (any order; sorted by time, then seq) into a `Timeline`.
+
+    `group` keeps only that group's events; empty keeps all (and names the timeline after
+    the first event's group).
+    """
+    ordered = sorted(
+        (e for e in events if not group or e.group == group), key=lambda e: (e.time, e.seq)
+    )
+    name = group or (ordered[0].group if ordered else "")
+    if not ordered:
+        return Timeline(name, 0.0, 0.0, (), (), ())
+    start, end = ordered[0].time, ordered[-1].time
+    jobs: list[str] = []
+    raw: list[Interval] = []
+    instants: list[Instant] = []
+    holding: dict[str, tuple[float, str, int]] = {}  # job -> (since, phase, epoch)
+    waiting: dict[str, tuple[float, str]] = {}  # job -> (since, phase)
+    switch_open: tuple[float, Event] | None = None
+
+    def close_held(job: str, at: float, why: str) -> None:
+        since, phase, epoch = holding.pop(job)
+        raw.append(
+            Interval(job, phase or "held", "held", since, at, {"epoch": epoch, "ended_by": why})
+        )
+
+    def close_wait(job: str, at: float, why: str) -> None:
+        since, phase = waiting.pop(job)
+        raw.append(
+            Interval(job, "waiting", "waiting", since, at, {"phase": phase, "ended_by": why})
+        )
+
+    for event in ordered:
+        kind, job, t = event.kind, event.job, event.time
+        if job and job not in jobs:
+            jobs.append(job)
+        if kind == "QUEUED" and job:
+            waiting.setdefault(job, (t, event.detail))
+        elif kind == "GRANTED" and job:
+            for other in [j for j in holding if j != job]:
+                close_held(other, t, f"granted to {job}")
+            phase = event.detail
+            if job in waiting:
+                phase = phase or waiting[job][1]
+                close_wait(job, t, "GRANTED")
+            if job not in holding:
+                holding[job] = (t, phase, event.epoch)
+        elif kind == "SWITCH_STARTED":
+            switch_open = (t, event)
+        elif kind in ("SWITCH_DONE", "SWITCH_FAILED"):
+            began = switch_open[0] if switch_open else max(start, t - event.seconds)
+            incoming = job or (switch_open[1].job if switch_open else "")
+            raw.append(
+                Interval(
+                    SWITCH_LANE,
+                    f"switch -> {incoming}" if incoming else "switch",
+                    "switch",
+                    began,
+                    t,
+                    _moved_args(event, outcome="done" if kind == "SWITCH_DONE" else "failed"),
+                )
+            )
+            switch_open = None
+        elif kind in ("SNAPSHOT_DONE", "RESTORE_DONE"):
+            verb = "snapshot" if kind == "SNAPSHOT_DONE" else "restore"
+            raw.append(
+                Interval(
+                    MOVES_LANE,
+                    f"{verb} {job}".strip(),
+                    verb,
+                    max(start, t - event.seconds),
+                    t,
+                    _moved_args(event, node=event.detail),
+                )
+            )
+        elif kind == "GROUP_DELETED":
+            for other in list(holding):
+                close_held(other, t, kind)
+            for other in list(waiting):
+                close_wait(other, t, kind)
+        if job and kind in _HELD_ENDS and job in holding:
+            close_held(job, t, kind)
+        if job and kind in _WAIT_ENDS and job in waiting and kind != "GRANTED":
+            close_wait(job, t, kind)
+        if kind in INSTANT_KINDS:
+            lane = job if job else SWITCH_LANE
+            args: dict[str, Any] = {"epoch": event.epoch}
+            if event.detail:
+                args["detail"] = event.detail
+            instants.append(Instant(lane, kind.lower(), t, args))
+
+    for job in list(holding):
+        close_held(job, end, "open")
+    for job in list(waiting):
+        close_wait(job, end, "open")
+    if switch_open is not None:
+        raw.append(
+            Interval(SWITCH_LANE, "switch", "switch", switch_open[0], end, {"ended_by": "open"})
+        )
+    intervals = _spill(raw)
+    base = [SWITCH_LANE, MOVES_LANE, *jobs]
+    used = {i.lane for i in intervals} | {i.lane for i in instants}
+    lanes = [lane for lane in _ordered_lanes(base, used) if lane in used]
+    return Timeline(name, start, end, tuple(lanes), tuple(intervals), tuple(instants))
+
+
+def _moved_args(event: Event, **extra: str) -> dict[str, Any]:
+    args: dict[str, Any] = {"seconds": event.seconds, "bytes": event.bytes, "epoch": event.epoch}
+    if event.seconds > 0 and event.bytes:
+        args["gb_per_s"] = round(event.bytes / event.seconds / 1e9, 3)
+    args.update({k: v for k, v in extra.items() if v})
+    return args
+
+
+def _spill(intervals: Sequence[Interval]) -> list[Interval]:
+    """Move intervals that overlap an earlier one of their lane into `lane #2`, `#3`, ..."""
+    ends: dict[str, list[float]] = {}  # base lane -> end of the last interval per sub-lane
+    out: list[Interval] = []
+    for interval in sorted(intervals, key=lambda i: (i.start, i.end)):
+        subs = ends.setdefault(interval.lane, [])
+        for index, last_end in enumerate(subs):
+            if interval.start >= last_end:
+                subs[index] = interval.end
+                break
+        else:
+            index = len(subs)
+            subs.append(interval.end)
+        lane = interval.lane if index == 0 else f"{interval.lane} #{index + 1}"
+        out.append(
+            interval
+            if index == 0
+            else Interval(
+                lane, interval.name, interval.category, interval.start, interval.end, interval.args
+            )
+        )
+    return out
+
+
+def _ordered_lanes(base: Sequence[str], used: set[str]) -> list[str]:
+    order: list[str] = []
+    for lane in base:
+        order.append(lane)
+        spilled = sorted(
+            (u for u in used if u.startswith(f"{lane} #")), key=lambda u: int(u.rsplit("#", 1)[1])
+        )
+        order.extend(spilled)
+    return order
+
+
+def chrome_trace(timeline: Timeline) -> dict[str, Any]:
+    """The Chrome trace (JSON object format) of `timeline`.
+
+    One process (the group), one thread per lane in display order; `ts`/`dur` in
+    microseconds from the first event; `otherData.start_unix` keeps the absolute origin.
+    """
+    origin = timeline.start
+    tids = {lane: index + 1 for index, lane in enumerate(timeline.lanes)}
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": timeline.group}}
+    ]
+    for lane, tid in tids.items():
+        events.append(
+            {"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": lane}}
+        )
+        events.append(
+            {
+                "ph": "M",
+                "pid": 1,
+                "tid": tid,
+                "name": "thread_sort_index",
+                "args": {"sort_index": tid},
+            }
+        )
+    for interval in timeline.intervals:
+        events.append(
+            {
+                "ph": "X",
+                "pid": 1,
+                "tid": tids[interval.lane],
+                "name": interval.name,
+                "cat": interval.category,
+                "ts": _micros(interval.start - origin),
+                "dur": _micros(interval.end - interval.start),
+                "args": dict(interval.args),
+            }
+        )
+    for instant in timeline.instants:
+        events.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "pid": 1,
+                "tid": tids[instant.lane],
+                "name": instant.name,
+                "cat": "event",
+                "ts": _micros(instant.time - origin),
+                "args": dict(instant.args),
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"group": timeline.group, "start_unix": origin, "end_unix": timeline.end},
+    }
+
+
+def _micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def busy_seconds(timeline: Timeline) -> dict[str, float]:
+    """Seconds each job held the group over the timeline (its `held` intervals)."""
+    totals: dict[str, float] = {}
+    for interval in timeline.intervals:
+        if interval.category == "held":
+            job = interval.lane.split(" #", 1)[0]
+            totals[job] = totals.get(job, 0.0) + interval.seconds
+    return totals
