@@ -1,0 +1,128 @@
+"""`rlslice operator`: run the Kubernetes operator (kopf) for TimeSliceGroup resources.
+
+Every flag has an environment variable (the chart sets those), and flags win. Tokens are
+read from environment variables or files, never from flags (they would show in `ps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from rlslice.operator.mutation import SYSTEM_NAMESPACES
+
+_DEFAULTS: dict[str, str] = {
+    "scheduler": "rlslice-scheduler:50051",
+    "status_interval": "10",
+    "delete_timeout": "300",
+    "rpc_timeout": "10",
+    "webhook_port": "9443",
+    "agent_socket_dir": "/run/rlslice",
+    "job_token_key": "token",
+    "gpu_toleration_key": "nvidia.com/gpu",
+    "health_port": "8080",
+}
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(f"RLSLICE_OPERATOR_{name.upper()}", "").strip()
+    return value or default
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the operator's flags (defaults from `RLSLICE_OPERATOR_<FLAG>` variables)."""
+
+    def flag(name: str, help_text: str, **kwargs: object) -> None:
+        dest = name.replace("-", "_")
+        default = _env(dest, _DEFAULTS.get(dest))
+        parser.add_argument(f"--{name}", dest=dest, default=default, help=help_text, **kwargs)  # type: ignore[arg-type]
+
+    flag("scheduler", "scheduler address the operator dials (host:port)")
+    flag("admin-token-file", "file with the admin token (else RLSLICE_ADMIN_TOKEN)")
+    flag("tls-ca", "CA bundle that verifies the scheduler (turns TLS on)")
+    flag("tls-cert", "client certificate for mutual TLS")
+    flag("tls-key", "client key for mutual TLS")
+    flag("tls-server-name", "name to check in the scheduler's certificate")
+    flag("status-interval", "seconds between status syncs of each group")
+    flag("delete-timeout", "seconds a holder gets to yield before a deletion is forced")
+    flag("rpc-timeout", "deadline of each scheduler call, seconds")
+    flag("webhook-port", "port of the pod-mutation webhook; 0 turns the webhook off")
+    flag("webhook-cert", "PEM certificate of the webhook server")
+    flag("webhook-key", "PEM key of the webhook server")
+    flag("inject-scheduler", "scheduler address injected into pods (default: --scheduler)")
+    flag("agent-socket-dir", "host directory with the agent's Unix socket")
+    flag("job-token-secret", "Secret in the pod's namespace holding the job token")
+    flag("job-token-key", "key of the job token in that Secret")
+    flag("tls-ca-secret", "Secret in the pod's namespace with ca.crt for the scheduler")
+    flag("gpu-toleration-key", "taint key of GPU nodes that pods tolerate ('' for none)")
+    flag("skip-namespaces", "comma-separated namespaces never mutated (system ones always)")
+    flag("health-port", "port of kopf's liveness endpoint (/healthz); 0 turns it off")
+
+
+def _read_token(file: str | None, env: str) -> str | None:
+    if file:
+        return Path(file).read_text().strip() or None
+    return os.environ.get(env, "").strip() or None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the operator until it is stopped."""
+    import asyncio
+
+    import kopf
+
+    from rlslice.config import TLSConfig
+    from rlslice.operator.handlers import build_registry, login_in_cluster, operator_settings
+    from rlslice.operator.mutation import InjectionSettings
+    from rlslice.operator.settings import OperatorConfig, WebhookSettings
+
+    tls = None
+    if args.tls_ca or args.tls_cert:
+        tls = TLSConfig(
+            ca=Path(args.tls_ca) if args.tls_ca else None,
+            cert=Path(args.tls_cert) if args.tls_cert else None,
+            key=Path(args.tls_key) if args.tls_key else None,
+            server_name=args.tls_server_name or None,
+        )
+    skip = set(SYSTEM_NAMESPACES)
+    skip.update(n.strip() for n in (args.skip_namespaces or "").split(",") if n.strip())
+    injection = InjectionSettings(
+        scheduler_address=args.inject_scheduler or args.scheduler,
+        agent_socket_dir=args.agent_socket_dir,
+        token_secret=args.job_token_secret or None,
+        token_secret_key=args.job_token_key,
+        tls_ca_secret=args.tls_ca_secret or None,
+        gpu_toleration_key=args.gpu_toleration_key or None,
+        skip_namespaces=frozenset(skip),
+    )
+    webhook = None
+    if int(args.webhook_port):
+        webhook = WebhookSettings(
+            port=int(args.webhook_port),
+            certfile=Path(args.webhook_cert) if args.webhook_cert else None,
+            keyfile=Path(args.webhook_key) if args.webhook_key else None,
+        )
+    config = OperatorConfig(
+        scheduler_address=args.scheduler,
+        injection=injection,
+        admin_token=_read_token(args.admin_token_file, "RLSLICE_ADMIN_TOKEN"),
+        tls=tls,
+        status_interval=float(args.status_interval),
+        delete_timeout=float(args.delete_timeout),
+        rpc_timeout=float(args.rpc_timeout),
+        webhook=webhook,
+    )
+    health = int(args.health_port)
+    registry = build_registry(config)
+    login_in_cluster(registry)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            settings=operator_settings(config),
+            clusterwide=True,
+            standalone=True,
+            liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health else None,
+        )
+    )
+    return 0

@@ -1,0 +1,218 @@
+"""Pod mutation for the admission webhook: `mutate(pod, group, settings) -> JSON patch`. Pure.
+
+A pod labelled `rlslice.dev/group` joins that TimeSliceGroup. It gets, without touching
+anything the pod already sets:
+
+- the `RLSLICE_*` environment the client reads (job, group, scheduler address, agent
+  socket), and the job token from a Secret by `secretKeyRef` (never the token's value);
+- a hostPath volume with the node agent's Unix socket, mounted in every container;
+- the group's node selector (keys the pod already selects on are left alone) and a
+  toleration for the GPU taint;
+- the `rlslice.dev/job` label when the pod had none: the agent finds a job's processes
+  on its node by that label. The job is derived from the pod's controller (a Deployment's
+  ReplicaSet, a Job, a StatefulSet), else from the pod's (generate)name.
+
+Pods in system namespaces and pods without the group label get an empty patch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlslice._ids import MAX_ID_LENGTH, is_valid_id
+
+GROUP_LABEL = "rlslice.dev/group"
+JOB_LABEL = "rlslice.dev/job"
+VOLUME_NAME = "rlslice-agent"
+
+#: Namespaces never mutated, whatever the webhook configuration says.
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+
+
+@dataclass(frozen=True)
+class InjectionSettings:
+    """What the operator injects; set from `rlslice operator` flags (the chart sets them)."""
+
+    scheduler_address: str
+    """The scheduler's address as pods reach it (`host:port`)."""
+    agent_socket_dir: str = "/run/rlslice"
+    """Host directory holding the agent's socket; mounted at the same path in containers."""
+    agent_socket_name: str = "agent.sock"
+    """File name of the agent's socket in that directory."""
+    token_secret: str | None = None
+    """Secret (in the pod's namespace) holding the job token; None injects no token."""
+    token_secret_key: str = "token"
+    """Key of the token in that Secret."""
+    tls_ca_secret: str | None = None
+    """Secret (in the pod's namespace) with `ca.crt` to verify the scheduler; None: plaintext."""
+    gpu_toleration_key: str | None = "nvidia.com/gpu"
+    """Taint key GPU nodes carry; None adds no toleration."""
+    skip_namespaces: frozenset[str] = field(default=SYSTEM_NAMESPACES)
+    """Namespaces whose pods are never mutated (the operator's own belongs here)."""
+
+    @property
+    def agent_socket(self) -> str:
+        """Path of the agent's socket inside a container."""
+        return f"{self.agent_socket_dir.rstrip('/')}/{self.agent_socket_name}"
+
+
+_TLS_VOLUME = "rlslice-tls-ca"
+_TLS_MOUNT = "/etc/rlslice/scheduler-ca"
+
+
+def mutate(
+    pod: Mapping[str, Any], group: Mapping[str, Any] | None, settings: InjectionSettings
+) -> list[dict[str, Any]]:
+    """JSON-patch operations (RFC 6902) that make `pod` a member of its TimeSliceGroup.
+
+    `group` is the TimeSliceGroup resource the pod's label names, or None when it does not
+    exist (yet): the pod still gets its environment, but no node selector.
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    group_name = labels.get(GROUP_LABEL)
+    if not group_name or meta.get("namespace") in settings.skip_namespaces:
+        return []
+    spec = pod.get("spec") or {}
+    ops: list[dict[str, Any]] = []
+
+    job = labels.get(JOB_LABEL) or job_name_for(pod)
+    if not labels.get(JOB_LABEL):
+        ops.append(_add(f"/metadata/labels/{_escape(JOB_LABEL)}", job))
+
+    env = _env(job, str(group_name), settings)
+    for kind in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(kind) or ()):
+            base = f"/spec/{kind}/{index}"
+            ops += _append_missing(base, "env", container.get("env"), env, key="name")
+            ops += _append_missing(
+                base, "volumeMounts", container.get("volumeMounts"), _mounts(settings), key="name"
+            )
+    ops += _append_missing("/spec", "volumes", spec.get("volumes"), _volumes(settings), key="name")
+
+    selector = ((group or {}).get("spec") or {}).get("nodeSelector") or {}
+    ops += _merge_map("/spec", "nodeSelector", spec.get("nodeSelector"), selector)
+    if settings.gpu_toleration_key:
+        toleration = {
+            "key": settings.gpu_toleration_key,
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        }
+        ops += _append_missing(
+            "/spec", "tolerations", spec.get("tolerations"), [toleration], key="key"
+        )
+    return ops
+
+
+def job_name_for(pod: Mapping[str, Any]) -> str:
+    """The job id of a pod without a job label: its controller's name, else its own.
+
+    A ReplicaSet's name loses the pod-template hash, so the pods of one Deployment form
+    one job; the result is made a DNS-1123 label.
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    owners = meta.get("ownerReferences") or ()
+    owner = next((o for o in owners if o.get("controller")), owners[0] if owners else None)
+    name = ""
+    if owner is not None:
+        name = str(owner.get("name") or "")
+        template_hash = labels.get("pod-template-hash")
+        if owner.get("kind") == "ReplicaSet" and template_hash:
+            name = name.removesuffix(f"-{template_hash}")
+    if not name:
+        name = str(meta.get("name") or "") or str(meta.get("generateName") or "").rstrip("-")
+    return _as_label(name)
+
+
+def _as_label(text: str) -> str:
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:MAX_ID_LENGTH].strip("-")
+    return label if is_valid_id(label) else "job"
+
+
+def _env(job: str, group: str, settings: InjectionSettings) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "RLSLICE_JOB", "value": job},
+        {"name": "RLSLICE_GROUP", "value": group},
+        {"name": "RLSLICE_SCHEDULER", "value": settings.scheduler_address},
+        {"name": "RLSLICE_AGENT_SOCKET", "value": settings.agent_socket},
+    ]
+    if settings.token_secret:
+        ref = {"name": settings.token_secret, "key": settings.token_secret_key}
+        env.append({"name": "RLSLICE_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    if settings.tls_ca_secret:
+        env.append({"name": "RLSLICE_TLS_CA", "value": f"{_TLS_MOUNT}/ca.crt"})
+    return env
+
+
+def _volumes(settings: InjectionSettings) -> list[dict[str, Any]]:
+    # A directory, not the socket file: the agent recreates its socket when it restarts,
+    # and a file mount would keep pointing at the old one.
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": VOLUME_NAME,
+            "hostPath": {"path": settings.agent_socket_dir, "type": "DirectoryOrCreate"},
+        }
+    ]
+    if settings.tls_ca_secret:
+        volumes.append(
+            {
+                "name": _TLS_VOLUME,
+                "secret": {
+                    "secretName": settings.tls_ca_secret,
+                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                },
+            }
+        )
+    return volumes
+
+
+def _mounts(settings: InjectionSettings) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": VOLUME_NAME, "mountPath": settings.agent_socket_dir.rstrip("/") or "/"}
+    ]
+    if settings.tls_ca_secret:
+        mounts.append({"name": _TLS_VOLUME, "mountPath": _TLS_MOUNT, "readOnly": True})
+    return mounts
+
+
+def _append_missing(
+    base: str,
+    name: str,
+    current: Sequence[Mapping[str, Any]] | None,
+    wanted: Sequence[Mapping[str, Any]],
+    *,
+    key: str,
+) -> list[dict[str, Any]]:
+    """Ops adding the `wanted` items whose `key` the list does not have yet."""
+    present = {item.get(key) for item in current or ()}
+    missing = [dict(item) for item in wanted if item.get(key) not in present]
+    if not missing:
+        return []
+    if current is None:
+        return [_add(f"{base}/{name}", missing)]
+    return [_add(f"{base}/{name}/-", item) for item in missing]
+
+
+def _merge_map(
+    base: str, name: str, current: Mapping[str, str] | None, wanted: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """Ops adding the `wanted` keys the map does not have; existing keys keep their values."""
+    missing = {k: v for k, v in wanted.items() if k not in (current or {})}
+    if not missing:
+        return []
+    if current is None:
+        return [_add(f"{base}/{name}", missing)]
+    return [_add(f"{base}/{name}/{_escape(k)}", v) for k, v in missing.items()]
+
+
+def _add(path: str, value: Any) -> dict[str, Any]:
+    return {"op": "add", "path": path, "value": value}
+
+
+def _escape(key: str) -> str:
+    """A JSON-pointer token for a map key (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")

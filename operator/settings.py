@@ -1,0 +1,47 @@
+"""The operator's configuration: plain frozen values, filled from `rlslice operator` flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlslice.config import TLSConfig
+from rlslice.operator.mutation import InjectionSettings
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """The pod-mutation webhook server the operator runs (kopf's aiohttp server)."""
+
+    port: int = 9443
+    """Port to listen on; the chart's webhook Service targets it."""
+    addr: str = "0.0.0.0"
+    """Address to listen on."""
+    certfile: Path | None = None
+    """PEM certificate the API server verifies (cert-manager's or the chart's)."""
+    keyfile: Path | None = None
+    """PEM key of `certfile`."""
+    insecure: bool = False
+    """Plain HTTP (tests only: the API server requires HTTPS)."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the kopf handlers need."""
+
+    scheduler_address: str
+    """Where the operator reaches the scheduler (`host:port`)."""
+    injection: InjectionSettings
+    """What the webhook injects into labelled pods."""
+    admin_token: str | None = None
+    """Bearer token for PutGroup/DeleteGroup (role admin)."""
+    tls: TLSConfig | None = None
+    """TLS to the scheduler; None means plaintext."""
+    status_interval: float = 10.0
+    """Seconds between status syncs (and drift repairs) of each TimeSliceGroup."""
+    delete_timeout: float = 300.0
+    """Seconds a holder gets to yield before a group's deletion is forced."""
+    rpc_timeout: float = 10.0
+    """Deadline of each scheduler call."""
+    webhook: WebhookSettings | None = None
+    """The admission webhook server, or None to run without it."""

@@ -1,0 +1,84 @@
+"""TimeSliceGroup spec -> scheduler GroupSpec.
+
+Cases: a full spec maps every field; an empty spec takes the CRD's defaults; each bad
+field fails with InvalidArgumentError naming it in the resource's own (camelCase) terms;
+duplicate job names are refused; the result round-trips through the wire form unchanged.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlslice._errors import InvalidArgumentError
+from rlslice.config import GroupSpec, JobSpec, Policy
+from rlslice.operator.spec import group_spec
+
+
+def test_a_full_spec_maps_every_field() -> None:
+    spec = group_spec(
+        "rl-a",
+        {
+            "nodeSelector": {"gpu": "h200"},
+            "policy": "priority",
+            "leaseSeconds": 20,
+            "maxHoldSeconds": 600,
+            "yieldGraceSeconds": 5,
+            "backend": "app",
+            "backendOptions": {"chunk": "64Mi"},
+            "headroomBytes": 1024,
+            "jobs": [{"name": "trainer", "priority": 5, "weight": 2, "backend": "cuda"}],
+        },
+    )
+    assert spec == GroupSpec(
+        name="rl-a",
+        policy=Policy.PRIORITY,
+        lease_seconds=20,
+        max_hold_seconds=600,
+        yield_grace_seconds=5,
+        backend="app",
+        backend_options={"chunk": "64Mi"},
+        headroom_bytes=1024,
+        jobs=(JobSpec(name="trainer", priority=5, weight=2.0, backend="cuda"),),
+        node_selector={"gpu": "h200"},
+    )
+
+
+def test_an_empty_spec_takes_the_crd_defaults() -> None:
+    spec = group_spec("rl-a", {})
+    assert (spec.policy, spec.lease_seconds, spec.yield_grace_seconds, spec.backend) == (
+        Policy.FIFO,
+        30.0,
+        10.0,
+        "cuda",
+    )
+    assert spec.jobs == () and spec.node_selector == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "field"),
+    [
+        ("rl-a", {"policy": "lottery"}, "spec.policy:"),
+        ("rl-a", {"leaseSeconds": 0}, "spec.leaseSeconds:"),
+        ("rl-a", {"leaseSeconds": 7200}, "spec.leaseSeconds:"),
+        ("rl-a", {"maxHoldSeconds": -1}, "spec.maxHoldSeconds:"),
+        ("rl-a", {"backend": "gpu"}, "spec.backend:"),
+        ("rl-a", {"headroomBytes": -5}, "spec.headroomBytes:"),
+        ("rl-a", {"jobs": [{"name": "Trainer"}]}, "spec.jobs[0].name:"),
+        ("rl-a", {"jobs": [{"name": "a"}, {"name": "b", "weight": 0}]}, "spec.jobs[1].weight:"),
+        ("rl-a", {"jobs": [{"name": "a", "backend": "tpu"}]}, "spec.jobs[0].backend:"),
+        ("rl-a", {"jobs": [{"name": "a"}, {"name": "a"}]}, "spec.jobs[1].name:"),
+        ("rl-a", {"leaseSeconds": "soon"}, "spec:"),
+        ("Bad_Name", {}, "metadata.name:"),
+    ],
+)
+def test_a_bad_field_is_refused_with_its_name(name: str, spec: dict, field: str) -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        group_spec(name, spec)
+    message = str(raised.value)
+    assert message.startswith(field), message
+    assert "\n" not in message
+
+
+def test_the_spec_round_trips_through_the_wire_form() -> None:
+    spec = group_spec("rl-a", {"policy": "fair", "jobs": [{"name": "a", "weight": 3}]})
+    assert GroupSpec.from_proto(spec.to_proto()) == spec
