@@ -1,0 +1,234 @@
+"""The workload loop: answer the agent's offload commands over its Unix socket.
+
+Connects to the agent's local socket (`RLSLICE_AGENT_SOCKET`, or `socket_path`), registers
+the calling process with the job (modes, tags, and the port of the job's own inference
+server, if any), opens the `LocalAgent.Workload` stream, says `hello`, and answers every
+OFFLOAD / RESTORE command with the bytes and seconds its offloaders report. Commands run
+one at a time, in a thread, so the loop keeps the stream alive meanwhile. When the agent
+restarts the stream ends; the loop reconnects with backoff (parked state stays parked:
+a later RESTORE brings it back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+import grpc
+
+from rlslice._channel import open_channel
+from rlslice._errors import InvalidArgumentError
+from rlslice._ids import validate_id
+from rlslice.client._backoff import Backoff
+from rlslice.client.offload._http import LocalServer
+from rlslice.client.offload._types import DISCARD, OFFLOAD, Offloader, OffloadResult
+from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+AGENT_SOCKET_ENV = "RLSLICE_AGENT_SOCKET"
+_MODES = {OFFLOAD: agent_pb2.OFFLOAD_MODE_OFFLOAD, DISCARD: agent_pb2.OFFLOAD_MODE_DISCARD}
+# The agent refused us for good: reconnecting would only repeat the refusal.
+_FATAL = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
+
+class Combined:
+    """Several offloaders as one: offload in order; on a failure, restore those already
+    offloaded (newest first) and raise; restore in reverse order."""
+
+    def __init__(self, offloaders: Sequence[Offloader]) -> None:
+        if not offloaders:
+            raise InvalidArgumentError("offloaders: at least one is needed")
+        self.parts = tuple(offloaders)
+
+    @property
+    def modes(self) -> frozenset[str]:
+        return frozenset().union(*(part.modes for part in self.parts))
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(tag for part in self.parts for tag in part.tags))
+
+    def offload(self, discard_tags: Sequence[str] = ()) -> OffloadResult:
+        done: list[tuple[Offloader, OffloadResult]] = []
+        try:
+            for part in self.parts:
+                mine = [t for t in discard_tags if t in part.tags] if DISCARD in part.modes else []
+                done.append((part, part.offload(mine)))
+        except BaseException:
+            for part, _ in reversed(done):
+                try:
+                    part.restore()
+                except Exception:
+                    log.exception("offload rollback: restore failed")
+            raise
+        return OffloadResult(
+            bytes=sum(r.bytes for _, r in done), seconds=sum(r.seconds for _, r in done)
+        )
+
+    def restore(self) -> OffloadResult:
+        results: list[OffloadResult] = []
+        errors: list[BaseException] = []
+        for part in reversed(self.parts):
+            try:
+                results.append(part.restore())
+            except Exception as error:  # try the others anyway: bring back what can come back
+                errors.append(error)
+        if errors:
+            raise errors[0]
+        return OffloadResult(
+            bytes=sum(r.bytes for r in results), seconds=sum(r.seconds for r in results)
+        )
+
+
+async def answer(offloader: Offloader, command: agent_pb2.WorkloadCommand) -> agent_pb2.WorkloadReply:
+    """Run one command in a thread; the reply carries bytes and seconds, or the error."""
+    try:
+        if command.action == agent_pb2.WorkloadCommand.ACTION_OFFLOAD:
+            result = await asyncio.to_thread(offloader.offload, list(command.discard_tags))
+        elif command.action == agent_pb2.WorkloadCommand.ACTION_RESTORE:
+            result = await asyncio.to_thread(offloader.restore)
+        else:
+            raise InvalidArgumentError(f"action: unknown value {command.action}")
+    except Exception as error:
+        log.warning("offload command %s failed: %s", command.command_id, error)
+        return agent_pb2.WorkloadReply(
+            command_id=command.command_id, ok=False, error=f"{type(error).__name__}: {error}"
+        )
+    return agent_pb2.WorkloadReply(
+        command_id=command.command_id, ok=True, bytes=result.bytes, seconds=result.seconds
+    )
+
+
+async def serve_offload(
+    offloaders: Offloader | Sequence[Offloader],
+    *,
+    job: str,
+    group: str,
+    socket_path: str | None = None,
+    register: bool = True,
+    reconnect: bool = True,
+) -> None:
+    """Answer the agent's offload commands until cancelled.
+
+    `offloaders`: a `TorchOffloader`, `VllmOffloader`, `SglangOffloader`, or several.
+    `socket_path`: the agent's Unix socket (default: `$RLSLICE_AGENT_SOCKET`).
+    `register`: register this process with the agent first (with the modes, tags and the
+    local server's port); leave it on unless the process registered itself already.
+    """
+    validate_id(job, "job")
+    validate_id(group, "group")
+    parts = [offloaders] if isinstance(offloaders, Offloader) else list(offloaders)
+    offloader = Combined(parts)
+    path = socket_path or os.environ.get(AGENT_SOCKET_ENV, "")
+    if not path:
+        raise InvalidArgumentError(f"socket_path: not given and ${AGENT_SOCKET_ENV} is not set")
+    modes = [_MODES[mode] for mode in sorted(offloader.modes)]
+    server = next((p for p in parts if isinstance(p, LocalServer)), None)
+    delays = Backoff(initial=0.1, cap=5.0).delays()
+    while True:
+        try:
+            async with open_channel(f"unix:{path}") as channel:
+                stub = agent_pb2_grpc.LocalAgentStub(channel)
+                if register:
+                    await stub.Register(
+                        agent_pb2.LocalRegisterRequest(
+                            job=job,
+                            group=group,
+                            modes=modes,
+                            tags=list(offloader.tags),
+                            backend="app",
+                            local_server_port=server.port if server else 0,
+                            local_server_kind=server.kind if server else "",
+                        ),
+                        timeout=30.0,
+                    )
+                await _stream(stub, offloader, job, group, modes)
+                delays = Backoff(initial=0.1, cap=5.0).delays()  # a clean end: start over
+        except grpc.aio.AioRpcError as error:
+            if error.code() in _FATAL or not reconnect:
+                raise
+            log.info("agent stream ended (%s); reconnecting", error.code().name)
+        if not reconnect:
+            return
+        await asyncio.sleep(next(delays))
+
+
+async def _stream(
+    stub: agent_pb2_grpc.LocalAgentStub,
+    offloader: Offloader,
+    job: str,
+    group: str,
+    modes: list[agent_pb2.OffloadMode.ValueType],
+) -> None:
+    call = stub.Workload()
+    await call.write(
+        agent_pb2.WorkloadMessage(
+            hello=agent_pb2.WorkloadHello(
+                job=job, group=group, modes=modes, tags=list(offloader.tags)
+            )
+        )
+    )
+    while True:
+        command = await call.read()
+        if command is grpc.aio.EOF:
+            return
+        reply = await answer(offloader, command)
+        await call.write(agent_pb2.WorkloadMessage(reply=reply))
+
+
+class OffloadThread:
+    """`serve_offload` on a private event loop in a daemon thread, for synchronous jobs."""
+
+    def __init__(self, offloaders: Offloader | Sequence[Offloader], **kwargs: object) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._ready = threading.Event()
+        self.error: BaseException | None = None
+
+        async def main() -> None:
+            self._task = asyncio.current_task()
+            self._ready.set()
+            try:
+                await serve_offload(offloaders, **kwargs)  # type: ignore[arg-type]
+            except asyncio.CancelledError:
+                pass
+            except BaseException as error:
+                self.error = error
+                log.error("offload loop stopped: %s", error)
+
+        self._thread = threading.Thread(
+            target=self._loop.run_until_complete, args=(main(),), name="rlslice-offload", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the stream and end the thread."""
+        if self._task is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(timeout)
+
+
+def start_offload_thread(
+    offloaders: Offloader | Sequence[Offloader],
+    *,
+    job: str,
+    group: str,
+    socket_path: str | None = None,
+    register: bool = True,
+) -> OffloadThread:
+    """Run `serve_offload` in the background of a synchronous program; `.stop()` ends it."""
+    return OffloadThread(
+        offloaders, job=job, group=group, socket_path=socket_path, register=register
+    )

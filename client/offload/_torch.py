@@ -1,0 +1,250 @@
+"""Offload torch tensors to pinned host memory and back, in place.
+
+Registered modules, optimizers and tensors are resolved to their storages at each offload
+(optimizer state and gradients appear after registration). Each storage is copied into a
+pinned host buffer in chunks on a side CUDA stream; once every copy is done, the storage is
+resized to zero bytes and the caching allocator's free blocks go back to the driver. Restore
+resizes each storage back and copies the bytes in. The storage objects are the same, so
+every tensor, view and reference the training code holds stays valid, and the values are
+bit-identical. DISCARD storages are freed without a copy and come back zero-filled.
+
+Pinned buffers are kept between swaps (`keep_host_buffers`): pinning gigabytes takes far
+longer than copying them. Without CUDA (CPU-only torch) the same logic runs on CPU
+tensors with plain host buffers, so it can be tested anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlslice._errors import FailedPreconditionError, InvalidArgumentError
+from rlslice.client.offload._types import MODES, OFFLOAD, OffloadResult
+
+DEFAULT_CHUNK_BYTES = 64 << 20
+
+
+@dataclass
+class _Parked:
+    storage: torch.UntypedStorage
+    nbytes: int
+    host: torch.Tensor | None  # None: discarded
+
+
+def _flat(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole storage (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+class TorchOffloader:
+    """Moves registered torch state between the device and host memory on command.
+
+    ```
+    offloader = TorchOffloader()
+    offloader.register(model, "weights")
+    offloader.register(optimizer, "optimizer")
+    offloader.register(kv_cache, "kv-cache", mode="discard")
+    ```
+    """
+
+    def __init__(
+        self,
+        *,
+        device_type: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        keep_host_buffers: bool = True,
+    ) -> None:
+        """`device_type`: which tensors move ("cuda" when torch sees a GPU, else "cpu", which
+        only makes sense for tests). `chunk_bytes`: size of each copy."""
+        if chunk_bytes <= 0:
+            raise InvalidArgumentError("chunk_bytes: must be positive")
+        self._device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._cuda = self._device_type == "cuda"
+        self._chunk = chunk_bytes
+        self._keep = keep_host_buffers
+        self._registered: list[tuple[Any, str, str]] = []
+        self._parked: list[_Parked] = []
+        self._pool: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    # --- registration -----------------------------------------------------------------
+
+    def register(self, obj: Any, tag: str, *, mode: str = OFFLOAD) -> None:
+        """Register a module, an optimizer, a tensor, or a list/tuple/dict of them.
+
+        `mode="discard"` drops the tag's memory at every offload (a KV cache); an
+        "offload" tag is copied unless a command lists it in `discard_tags`.
+        """
+        if mode not in MODES:
+            raise InvalidArgumentError(f"mode: {mode!r} is not one of {sorted(MODES)}")
+        if not tag:
+            raise InvalidArgumentError("tag: must not be empty")
+        with self._lock:
+            self._registered.append((obj, tag, mode))
+
+    @property
+    def modes(self) -> frozenset[str]:
+        return MODES
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(tag for _, tag, _ in self._registered))
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether device state sits in host memory now."""
+        return bool(self._parked)
+
+    def _tensors(self, obj: Any) -> Iterator[torch.Tensor]:
+        if isinstance(obj, torch.Tensor):
+            yield obj
+            if obj.grad is not None:
+                yield obj.grad
+        elif isinstance(obj, torch.nn.Module):
+            for param in obj.parameters():
+                yield from self._tensors(param)
+            yield from obj.buffers()
+        elif isinstance(obj, torch.optim.Optimizer):
+            for state in obj.state.values():
+                yield from self._tensors(list(state.values()))
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                yield from self._tensors(value)
+        elif isinstance(obj, list | tuple):
+            for value in obj:
+                yield from self._tensors(value)
+
+    def _plan(self, discard_tags: Iterable[str]) -> list[tuple[torch.UntypedStorage, bool]]:
+        """Distinct resident storages on the device, each with whether to keep its bytes.
+
+        A storage reached from both a kept and a discarded tag is kept.
+        """
+        drop = set(discard_tags)
+        plan: dict[int, tuple[torch.UntypedStorage, bool]] = {}
+        for obj, tag, mode in self._registered:
+            keep = mode == OFFLOAD and tag not in drop
+            for tensor in self._tensors(obj):
+                if tensor.device.type != self._device_type:
+                    continue
+                storage = tensor.untyped_storage()
+                if storage.nbytes() == 0:
+                    continue
+                key = storage.data_ptr()
+                plan[key] = (storage, keep or (key in plan and plan[key][1]))
+        return list(plan.values())
+
+    # --- moving -----------------------------------------------------------------------
+
+    def _host_buffer(self, nbytes: int) -> torch.Tensor:
+        pooled = self._pool.get(nbytes)
+        if pooled:
+            return pooled.pop()
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._cuda)
+
+    def _side_stream(self, streams: dict[torch.device, Any], device: torch.device) -> Any:
+        if not self._cuda:
+            return None
+        if device not in streams:
+            stream = torch.cuda.Stream(device)
+            stream.wait_stream(torch.cuda.current_stream(device))  # pending work first
+            streams[device] = stream
+        return streams[device]
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, stream: Any) -> None:
+        if stream is None:
+            for start in range(0, src.numel(), self._chunk):
+                dst[start : start + self._chunk].copy_(src[start : start + self._chunk])
+            return
+        with torch.cuda.stream(stream):
+            for start in range(0, src.numel(), self._chunk):
+                dst[start : start + self._chunk].copy_(
+                    src[start : start + self._chunk], non_blocking=True
+                )
+
+    def offload(self, discard_tags: Sequence[str] = ()) -> OffloadResult:
+        """Copy kept storages to host memory, then free every planned storage.
+
+        All copies finish before anything is freed: a failure leaves the state as it was.
+        """
+        with self._lock:
+            start = time.perf_counter()
+            if self._parked:
+                return OffloadResult(bytes=0, seconds=0.0)  # a repeat: already offloaded
+            plan = self._plan(discard_tags)
+            streams: dict[torch.device, Any] = {}
+            parked: list[_Parked] = []
+            try:
+                for storage, keep in plan:
+                    nbytes = storage.nbytes()
+                    host = self._host_buffer(nbytes) if keep else None
+                    parked.append(_Parked(storage, nbytes, host))
+                    if host is not None:
+                        self._copy(host, _flat(storage), self._side_stream(streams, storage.device))
+                for stream in streams.values():
+                    stream.synchronize()
+            except BaseException:
+                self._recycle(parked)
+                raise
+            for entry in parked:
+                entry.storage.resize_(0)
+            self._parked = parked
+            if self._cuda:
+                torch.cuda.empty_cache()  # give the freed blocks back to the driver
+            moved = sum(entry.nbytes for entry in parked)
+            return OffloadResult(bytes=moved, seconds=time.perf_counter() - start)
+
+    def restore(self) -> OffloadResult:
+        """Reallocate every parked storage and copy its bytes back (zeros for DISCARD)."""
+        with self._lock:
+            start = time.perf_counter()
+            parked = self._parked
+            resized: list[_Parked] = []
+            try:
+                for entry in parked:
+                    entry.storage.resize_(entry.nbytes)
+                    resized.append(entry)
+                streams: dict[torch.device, Any] = {}
+                for entry in parked:
+                    stream = self._side_stream(streams, entry.storage.device)
+                    flat = _flat(entry.storage)
+                    if entry.host is None:
+                        if stream is None:
+                            flat.zero_()
+                        else:
+                            with torch.cuda.stream(stream):
+                                flat.zero_()
+                    else:
+                        self._copy(flat, entry.host, stream)
+                for device, stream in streams.items():
+                    stream.synchronize()
+                    torch.cuda.current_stream(device).wait_stream(stream)
+            except BaseException:
+                # Out of device memory, say: stay parked, whole, for a retry.
+                for entry in resized:
+                    entry.storage.resize_(0)
+                raise
+            self._parked = []
+            self._recycle(parked)
+            moved = sum(entry.nbytes for entry in parked)
+            return OffloadResult(bytes=moved, seconds=time.perf_counter() - start)
+
+    def _recycle(self, entries: Iterable[_Parked]) -> None:
+        if not self._keep:
+            return
+        for entry in entries:
+            if entry.host is not None:
+                self._pool.setdefault(entry.nbytes, []).append(entry.host)
+
+    def free_host_buffers(self) -> int:
+        """Drop the pinned buffers kept for the next swap; bytes freed."""
+        with self._lock:
+            if self._parked:
+                raise FailedPreconditionError("free_host_buffers: state is offloaded now")
+            freed = sum(b.numel() for buffers in self._pool.values() for b in buffers)
+            self._pool.clear()
+            return freed

@@ -1,0 +1,202 @@
+"""The `app` backend: the workload offloads itself on the agent's command.
+
+Each process of the job that runs `rlslice.client.offload.serve_offload` keeps a command
+stream open to the agent (`LocalAgent.Workload`); the agent hands those streams to this
+backend as `JobHandle.workloads`. A snapshot sends OFFLOAD to every stream at once (tags
+listed in the `discard_tags` option, comma-separated, are dropped instead of copied where
+the workload supports DISCARD); a restore sends RESTORE. Bytes and seconds come from the
+workloads' answers.
+
+Failure of any workload (an error, or no answer by the deadline): the workloads that
+offloaded, or may have, are told to RESTORE, then BackendError. Restoring a workload that
+holds nothing is a no-op on the workload side, so this is safe to repeat.
+
+No privileges, no driver API: torch tensors move to pinned host buffers, vLLM sleeps,
+SGLang releases memory. Options: `discard_tags` (per snapshot), `rollback_seconds` (60).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
+from rlslice.snapshot_agent.backends.base import (
+    BackendContext,
+    BackendError,
+    BackendState,
+    DeviceUsage,
+    JobHandle,
+    MoveOutcome,
+    OffloadAction,
+    ProbeResult,
+    WorkloadAnswer,
+    WorkloadLink,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROLLBACK_SECONDS = 60.0
+
+
+def discard_tags(job: JobHandle) -> tuple[str, ...]:
+    """The `discard_tags` option as a tuple (the agent passes SnapshotRequest.discard_tags)."""
+    raw = job.options.get("discard_tags", "")
+    return tuple(tag.strip() for tag in raw.split(",") if tag.strip())
+
+
+def _tags_for(link: WorkloadLink, wanted: Sequence[str]) -> list[str]:
+    """The discard tags one workload can act on: its own tags, if it supports DISCARD."""
+    if "discard" not in link.modes:
+        return []  # it will offload those tags instead: contents survive, nothing is lost
+    return [tag for tag in wanted if tag in link.tags]
+
+
+class AppBackend:
+    """Moves jobs through their workloads' offload streams (see the module docstring)."""
+
+    name: ClassVar[str] = "app"
+
+    def __init__(self, context: BackendContext, *, nvml: Nvml | None = None) -> None:
+        self._context = context
+        self._options = dict(context.options)
+        self._nvml = nvml if nvml is not None else Nvml()
+
+    async def probe(self) -> ProbeResult:
+        return ProbeResult(
+            True, "needs no privileges; each job process runs rlslice.client.offload.serve_offload"
+        )
+
+    async def _send(
+        self,
+        links: Sequence[WorkloadLink],
+        action: OffloadAction,
+        *,
+        epoch: int,
+        tags: Sequence[Sequence[str]],
+        deadline: float,
+    ) -> list[WorkloadAnswer | BaseException]:
+        timeout = max(0.0, deadline - time.time())
+
+        async def one(link: WorkloadLink, discard: Sequence[str]) -> WorkloadAnswer:
+            if timeout <= 0:
+                raise TimeoutError("deadline passed before the command was sent")
+            return await asyncio.wait_for(
+                link.command(action, epoch=epoch, discard_tags=discard, timeout=timeout), timeout
+            )
+
+        return list(
+            await asyncio.gather(
+                *(one(link, t) for link, t in zip(links, tags, strict=True)),
+                return_exceptions=True,
+            )
+        )
+
+    @staticmethod
+    def _epoch(job: JobHandle) -> int:
+        try:
+            return int(job.options.get("epoch", "0"))
+        except ValueError:
+            return 0
+
+    def _links(self, job: JobHandle) -> tuple[WorkloadLink, ...]:
+        if not job.workloads:
+            raise BackendError(
+                f"app: job {job.job} has no workload stream on this node: its processes must "
+                "run rlslice.client.offload.serve_offload"
+            )
+        return job.workloads
+
+    async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        links = self._links(job)
+        start = time.monotonic()
+        wanted = discard_tags(job)
+        answers = await self._send(
+            links,
+            OffloadAction.OFFLOAD,
+            epoch=self._epoch(job),
+            tags=[_tags_for(link, wanted) for link in links],
+            deadline=deadline,
+        )
+        failures = [(i, a) for i, a in enumerate(answers) if _failed(a)]
+        if failures:
+            # Everything that offloaded, or may have (no answer in time), comes back.
+            back = [link for link, a in zip(links, answers, strict=True) if not _refused(a)]
+            await self._roll_back(job, back)
+            index, answer = failures[0]
+            raise BackendError(f"app: workload {index} of job {job.job}: {_why(answer)}; restored")
+        moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
+        return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
+
+    async def _roll_back(self, job: JobHandle, links: Sequence[WorkloadLink]) -> None:
+        if not links:
+            return
+        seconds = float(self._options.get("rollback_seconds", DEFAULT_ROLLBACK_SECONDS))
+        answers = await self._send(
+            links,
+            OffloadAction.RESTORE,
+            epoch=self._epoch(job),
+            tags=[[] for _ in links],
+            deadline=time.time() + seconds,
+        )
+        for answer in answers:
+            if _failed(answer):
+                log.error("app: rollback restore of job %s: %s", job.job, _why(answer))
+
+    async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        links = self._links(job)
+        start = time.monotonic()
+        answers = await self._send(
+            links,
+            OffloadAction.RESTORE,
+            epoch=self._epoch(job),
+            tags=[[] for _ in links],
+            deadline=deadline,
+        )
+        failures = [(i, a) for i, a in enumerate(answers) if _failed(a)]
+        if failures:
+            index, answer = failures[0]
+            raise BackendError(f"app: workload {index} of job {job.job}: restore: {_why(answer)}")
+        moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
+        return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
+
+    async def state(self, job: JobHandle) -> BackendState:
+        # Only the workloads know, and they are not asked between commands; a RESTORE of a
+        # workload that holds nothing is a no-op, so the agent may always send one.
+        return BackendState.UNKNOWN
+
+    async def device_bytes(self, job: JobHandle) -> int:
+        try:
+            return known_total(await self._nvml.aprocess_bytes(job.pids)) or 0
+        except NvmlUnavailable:
+            return 0
+
+    async def release(self, job: JobHandle) -> int:
+        # Parked tensors live in the workload's own pinned buffers, freed with its process.
+        return 0
+
+    async def devices(self) -> Sequence[DeviceUsage]:
+        try:
+            return await self._nvml.adevices()
+        except NvmlUnavailable:
+            return []
+
+
+def _failed(answer: WorkloadAnswer | BaseException) -> bool:
+    return isinstance(answer, BaseException) or not answer.ok
+
+
+def _refused(answer: WorkloadAnswer | BaseException) -> bool:
+    """An explicit error answer: the workload says it put itself back (or never moved)."""
+    return isinstance(answer, WorkloadAnswer) and not answer.ok
+
+
+def _why(answer: WorkloadAnswer | BaseException) -> str:
+    if isinstance(answer, WorkloadAnswer):
+        return answer.error or "failed without a reason"
+    if isinstance(answer, TimeoutError):
+        return "no answer by the deadline"
+    return str(answer) or type(answer).__name__
