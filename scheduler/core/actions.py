@@ -113,4 +113,6 @@ class Record:
     bytes: int = 0
 
 
-Action = StartSwitch | Grant | Fail | AskYield | Preempt | ReleaseState | Yielded | HoldEnded | Record
+Action = (
+    StartSwitch | Grant | Fail | AskYield | Preempt | ReleaseState | Yielded | HoldEnded | Record
+)

@@ -204,9 +204,13 @@ def _check_hold(tx: _Tx) -> None:
     waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
     assert waiter is not None  # attached_waiters() > 0
     held = _end_hold(tx)
-    tx.set(preempted=tx.s.preempted | {victim}, queue=tuple(w for w in tx.s.queue if w is not waiter))
+    tx.set(
+        preempted=tx.s.preempted | {victim}, queue=tuple(w for w in tx.s.queue if w is not waiter)
+    )
     tx.emit(a.Preempt(victim))
-    tx.record(Kind.PREEMPTED, victim, f"did not yield within {s.spec.yield_grace_seconds:g} s", held)
+    tx.record(
+        Kind.PREEMPTED, victim, f"did not yield within {s.spec.yield_grace_seconds:g} s", held
+    )
     _start_switch(tx, waiter, evict=(victim,), preempted=victim, preempted_since=since)
 
 
@@ -214,12 +218,12 @@ def deadline(state: GroupState) -> float | None:
     """The next time a Tick would change something: a lease lapse or a max-hold step."""
     times = [record.expires_at for record in state.jobs.values()]
     limit = state.spec.max_hold_seconds
-    if state.holder is not None and limit > 0 and state.switch is None:
-        if state.attached_waiters():
-            if state.yield_requested_at is None:
-                times.append(state.holder_since + limit)
-            else:
-                times.append(state.yield_requested_at + state.spec.yield_grace_seconds)
+    holding = state.holder is not None and state.switch is None
+    if holding and limit > 0 and state.attached_waiters():
+        if state.yield_requested_at is None:
+            times.append(state.holder_since + limit)
+        else:
+            times.append(state.yield_requested_at + state.spec.yield_grace_seconds)
     return min(times) if times else None
 
 

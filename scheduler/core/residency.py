@@ -57,8 +57,6 @@ def choose_evictions(
     return tuple(chosen)
 
 
-def fits(
-    incoming: Mapping[str, int], nodes: Sequence[NodeMemory], headroom_bytes: int = 0
-) -> bool:
+def fits(incoming: Mapping[str, int], nodes: Sequence[NodeMemory], headroom_bytes: int = 0) -> bool:
     """True when `incoming` fits beside every resident job on every node."""
     return all(incoming.get(n.node, 0) + headroom_bytes <= n.free_bytes for n in nodes)
