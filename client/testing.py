@@ -22,7 +22,9 @@ import inspect
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from google.protobuf.message import Message
 
 from rlslice._channel import open_channel
 from rlslice.client._loop_thread import LoopThread
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from rlslice.scheduler import RunningScheduler
 
 __all__ = ["SchedulerForTests", "TestScheduler", "scheduler_for_tests"]
+
+T = TypeVar("T", bound=Message)
 
 #: Seconds a stopping scheduler lets calls in flight finish.
 STOP_GRACE = 0.5
@@ -56,18 +60,19 @@ class TestScheduler:
 
     async def group(self, name: str) -> pb.GroupStatus:
         """The group's state as the scheduler reports it (holder, queue, epoch, jobs)."""
-        return await self._call("GetGroup", pb.GetGroupRequest(group=name))
+        return await self._call("GetGroup", pb.GetGroupRequest(group=name), pb.GroupStatus)
 
     async def put_group(self, spec: GroupSpec | str) -> pb.GroupStatus:
         """Create or replace a group (a name takes the default spec)."""
         if isinstance(spec, str):
             spec = GroupSpec(name=spec)
-        return await self._call("PutGroup", pb.PutGroupRequest(spec=spec.to_proto()))
+        request = pb.PutGroupRequest(spec=spec.to_proto())
+        return await self._call("PutGroup", request, pb.GroupStatus)
 
-    async def _call(self, method: str, request: Any) -> Any:
+    async def _call(self, method: str, request: Message, response: type[T]) -> T:
         async with open_channel(self.address, token=self._token) as channel:
             stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
-            return await getattr(stub, method)(request, timeout=10)
+            return cast(T, await getattr(stub, method)(request, timeout=10))
 
     async def stop(self, grace: float = STOP_GRACE) -> None:
         """Stop the scheduler; calls in flight fail with UNAVAILABLE after `grace` seconds."""
@@ -125,12 +130,12 @@ class SchedulerForTests:
     def group(self, name: str) -> pb.GroupStatus:
         """The group's state as the scheduler reports it."""
         sched = self._running()
-        return self._run(lambda: sched.group(name))
+        return cast(pb.GroupStatus, self._run(lambda: sched.group(name)))
 
     def put_group(self, spec: GroupSpec | str) -> pb.GroupStatus:
         """Create or replace a group."""
         sched = self._running()
-        return self._run(lambda: sched.put_group(spec))
+        return cast(pb.GroupStatus, self._run(lambda: sched.put_group(spec)))
 
     def _running(self) -> TestScheduler:
         if self._sched is None:
