@@ -19,7 +19,8 @@ How events become intervals (times are Unix seconds):
 | `[switch]` | `switch -> job` | SWITCH_STARTED | SWITCH_DONE / SWITCH_FAILED (or `time - seconds` when the start fell out of the ring) |
 | `[moves]` | `snapshot job` / `restore job` | `time - seconds` | SNAPSHOT_DONE / RESTORE_DONE |
 
-An interval still open at the end of the log ends at the last event and says `open`.
+An interval still open at the end of the log ends at the last event and says `open`. A wait
+of zero length (an uncontended acquire, QUEUED and GRANTED at the same instant) is left out.
 Intervals that would overlap within one lane spill into a numbered lane (`[moves] #2`), so
 no lane ever holds two overlapping intervals (a Chrome trace needs proper nesting).
 Yields, preemptions, faults, lease expiries, cancellations and failures are instants.
@@ -197,6 +198,8 @@ def build_timeline(events: Iterable[Event], group: str = "") -> Timeline:
 
     def close_wait(job: str, at: float, why: str) -> None:
         since, phase = waiting.pop(job)
+        if at <= since:  # an uncontended acquire: QUEUED and GRANTED in the same instant
+            return
         raw.append(
             Interval(job, "waiting", "waiting", since, at, {"phase": phase, "ended_by": why})
         )

@@ -248,3 +248,15 @@ def test_no_two_jobs_are_ever_drawn_holding_at_once(events: list[Event]) -> None
 def test_events_round_trip_through_their_json_form(events: list[Event]) -> None:
     document = json.loads(json.dumps({"events": [event_to_dict(e) for e in events]}))
     assert events_from_json(document) == events
+
+
+def test_an_uncontended_acquire_draws_no_wait() -> None:
+    events = [
+        Event(time=1.0, group="g", kind="QUEUED", job="a", detail="rollout"),
+        Event(time=1.0, group="g", kind="GRANTED", job="a", epoch=1, detail="rollout"),
+        Event(time=2.0, group="g", kind="YIELDED", job="a", seconds=1.0),
+    ]
+    intervals = build_timeline(events).intervals
+    assert [(i.category, i.name, i.start, i.end) for i in intervals] == [
+        ("held", "rollout", 1.0, 2.0)
+    ]
