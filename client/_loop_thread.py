@@ -50,19 +50,23 @@ class LoopThread:
         if not self._thread.is_alive():
             raise RuntimeError("the client's loop thread has stopped (the client is closed)")
 
+        finished = threading.Event()
+
         async def main() -> T:
-            return await make()
+            try:
+                return await make()
+            finally:
+                finished.set()
 
         future = asyncio.run_coroutine_threadsafe(main(), self._loop)
         try:
             return future.result()
         except BaseException:
-            if not future.done():
+            if not future.done() or future.cancelled():
                 future.cancel()
-                # Let the cancellation reach the loop (and the server) before returning.
-                done = threading.Event()
-                future.add_done_callback(lambda _: done.set())
-                done.wait(CANCEL_WAIT)
+                # Let the cancellation reach the coroutine (and a gRPC call in flight, and
+                # so the server) before the caller goes on.
+                finished.wait(CANCEL_WAIT)
             raise
 
     def stop(self) -> None:
