@@ -82,7 +82,7 @@ class AsyncClient:
         self._leases: Leases | None = None
         if self._settings.scheduler is None:
             log.info(
-                "rlslice: no scheduler configured (RLSLICE_SCHEDULER): client disabled, phases pass through"
+                "no scheduler configured (scheduler= or RLSLICE_SCHEDULER): client disabled, every call passes through"
             )
         else:
             self._conn = Connection(
