@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import grpc
 
+from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
 from rlslice.client._settings import ClientSettings
+from rlslice.config import DEFAULT_LEASE_SECONDS
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 log = logging.getLogger("rlslice.client")
@@ -109,12 +111,25 @@ class Leases:
             request.priority = s.priority
         if s.weight is not None:
             request.weight = s.weight
-        try:
-            answer = await self._conn.call(
-                "Register", request, pb.RegisterResponse, deadline=deadline, what="register"
-            )
-        except RpcFailed as failed:
-            raise failed.error from None
+        loop = asyncio.get_running_loop()
+        # A Register whose answer a restart lost left a lease we hold no secret for: wait
+        # for it to lapse rather than fail (a fresh client gets ALREADY_EXISTS at once).
+        orphan_gone = loop.time() + (s.lease_seconds or DEFAULT_LEASE_SECONDS) + 1.0
+        delays = Backoff(initial=0.2, cap=2.0).delays()
+        orphaned = False
+        while True:
+            try:
+                answer = await self._conn.call(
+                    "Register", request, pb.RegisterResponse, deadline=deadline, what="register"
+                )
+                break
+            except RpcFailed as failed:
+                orphaned = orphaned or failed.retried
+                exists = failed.code == grpc.StatusCode.ALREADY_EXISTS
+                if not (exists and orphaned) or loop.time() > orphan_gone:
+                    raise failed.error from None
+                log.warning("job %r: waiting for an orphaned lease in %r to lapse", s.job, group)
+            await asyncio.sleep(next(delays))
         log.debug(
             "job %r registered in group %r (lease %.1f s)", s.job, group, answer.lease_seconds
         )
