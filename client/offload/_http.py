@@ -173,9 +173,7 @@ class SglangOffloader(LocalServer):
         with self._lock:
             if self._asleep:
                 return OffloadResult(bytes=0, seconds=0.0)
-            result = self._timed(
-                lambda: self._post("/release_memory_occupation", self._body()), +1
-            )
+            result = self._timed(lambda: self._post("/release_memory_occupation", self._body()), +1)
             self._asleep = True
             return result
 

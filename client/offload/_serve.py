@@ -91,7 +91,9 @@ class Combined:
         )
 
 
-async def answer(offloader: Offloader, command: agent_pb2.WorkloadCommand) -> agent_pb2.WorkloadReply:
+async def answer(
+    offloader: Offloader, command: agent_pb2.WorkloadCommand
+) -> agent_pb2.WorkloadReply:
     """Run one command in a thread; the reply carries bytes and seconds, or the error."""
     try:
         if command.action == agent_pb2.WorkloadCommand.ACTION_OFFLOAD:
@@ -208,7 +210,10 @@ class OffloadThread:
                 log.error("offload loop stopped: %s", error)
 
         self._thread = threading.Thread(
-            target=self._loop.run_until_complete, args=(main(),), name="rlslice-offload", daemon=True
+            target=self._loop.run_until_complete,
+            args=(main(),),
+            name="rlslice-offload",
+            daemon=True,
         )
         self._thread.start()
         self._ready.wait()

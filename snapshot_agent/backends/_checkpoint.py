@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LOCK_TIMEOUT_MS = 10_000
 DEFAULT_ROLLBACK_SECONDS = 60.0
+# How long a rollback goes on in the background after the caller stopped waiting for it.
+BACKGROUND_ROLLBACK_SECONDS = 600.0
 
 
 class ProcState(enum.Enum):
@@ -226,9 +228,7 @@ class CheckpointMover:
         if failed := [pid for pid, s in states.items() if s is ProcState.FAILED]:
             raise BackendError(f"{self._backend}: pids {failed} are in the FAILED state")
         if busy := [
-            pid
-            for pid, s in states.items()
-            if s in (ProcState.CHECKPOINTING, ProcState.RESTORING)
+            pid for pid, s in states.items() if s in (ProcState.CHECKPOINTING, ProcState.RESTORING)
         ]:
             raise BackendError(f"{self._backend}: pids {busy} are mid-operation; retry")
         running = [pid for pid, s in states.items() if s is ProcState.RUNNING]
@@ -236,7 +236,7 @@ class CheckpointMover:
         done = [pid for pid, s in states.items() if s is ProcState.CHECKPOINTED]
         if not running and not locked:
             # Nothing resident: a repeat of a finished snapshot, or no CUDA process at all.
-            return MoveOutcome(bytes=self._load_bytes(job) or 0 if done else 0, seconds=0.0)
+            return MoveOutcome(bytes=(self._load_bytes(job) or 0) if done else 0, seconds=0.0)
 
         moving = [pid for pid in states if pid not in done]
         nbytes = known_total({pid: per_pid.get(pid) for pid in moving})
@@ -256,24 +256,30 @@ class CheckpointMover:
 
         newly_locked, lock_failed = await self._each(lock, running)
         if lock_failed:
-            await self._roll_back(job, locked=[*locked, *newly_locked], doubtful=lock_failed)
-            raise BackendError(f"{self._backend}: lock failed: {_first(lock_failed)}; unlocked")
+            done_words = await self._roll_back(
+                job, locked=[*locked, *newly_locked], doubtful=lock_failed
+            )
+            raise BackendError(f"{self._backend}: lock failed: {_first(lock_failed)}; {done_words}")
         to_checkpoint = [*locked, *newly_locked]
         checkpointed, ckpt_failed = await self._each(checkpoint, to_checkpoint)
         if ckpt_failed:
-            await self._roll_back(
+            done_words = await self._roll_back(
                 job,
                 checkpointed=checkpointed,
-                locked=[pid for pid in to_checkpoint if pid not in checkpointed],
+                locked=[
+                    pid
+                    for pid in to_checkpoint
+                    if pid not in checkpointed and pid not in ckpt_failed
+                ],
                 doubtful=ckpt_failed,
             )
             raise BackendError(
-                f"{self._backend}: checkpoint failed: {_first(ckpt_failed)}; rolled back"
+                f"{self._backend}: checkpoint failed: {_first(ckpt_failed)}; {done_words}"
             )
         if nbytes is None and used_before is not None:
             used_after = await self._used_bytes()
             nbytes = max(0, used_before - (used_after or used_before))
-        total = (nbytes or 0) + (self._load_bytes(job) or 0 if done else 0)
+        total = (nbytes or 0) + ((self._load_bytes(job) or 0) if done else 0)
         self._save_bytes(job, total)
         return MoveOutcome(bytes=total, seconds=time.monotonic() - start)
 
@@ -284,12 +290,18 @@ class CheckpointMover:
         checkpointed: Iterable[int] = (),
         locked: Iterable[int] = (),
         doubtful: dict[int, BaseException] | None = None,
-    ) -> None:
-        """Put every process back to RUNNING; bounded by the `rollback_seconds` option, and
-        continued in the background past that bound (the message of the caller says so)."""
+    ) -> str:
+        """Put every process back to RUNNING. The caller waits up to the `rollback_seconds`
+        option; past that the rollback goes on in the background. Returns words for the
+        caller's message."""
         seconds = _option_float(job, self._options, "rollback_seconds", DEFAULT_ROLLBACK_SECONDS)
         task = asyncio.ensure_future(
-            self._put_back(list(checkpointed), list(locked), dict(doubtful or {}), seconds)
+            self._put_back(
+                list(checkpointed),
+                list(locked),
+                dict(doubtful or {}),
+                max(seconds, BACKGROUND_ROLLBACK_SECONDS),
+            )
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -297,6 +309,8 @@ class CheckpointMover:
             await asyncio.wait_for(asyncio.shield(task), seconds)
         except TimeoutError:
             log.error("%s: rollback of job %s continues in the background", self._backend, job.job)
+            return "rollback continues in the background"
+        return "rolled back"
 
     async def _put_back(
         self,
@@ -311,7 +325,7 @@ class CheckpointMover:
             try:
                 state = await self._ops.get_state(pid, deadline=deadline)
             except Exception as error:
-                log.error("%s: rollback: state of pid %s: %s", self._backend, pid, error)
+                log.error("%s: rollback: state of pid %s: %s", self._backend, pid, _reason(error))
                 continue
             if state is ProcState.CHECKPOINTED:
                 checkpointed.append(pid)
@@ -327,10 +341,10 @@ class CheckpointMover:
             await self._ops.unlock(pid, deadline=deadline)
 
         restored, failed = await self._each(restore, checkpointed)
-        for pid, error in failed.items():
+        for error in failed.values():
             log.error("%s: rollback: %s", self._backend, _reason(error))
         _, failed = await self._each(unlock, [*restored, *locked])
-        for pid, error in failed.items():
+        for error in failed.values():
             log.error("%s: rollback: %s", self._backend, _reason(error))
 
     async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:

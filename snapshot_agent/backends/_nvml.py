@@ -80,15 +80,14 @@ class Nvml:
         nvml = self._nvml()
         found: dict[int, int | None] = {}
         for handle in self._handles():
-            for getter in ("nvmlDeviceGetComputeRunningProcesses",):
-                for proc in getattr(nvml, getter)(handle):
-                    if proc.pid not in wanted:
-                        continue
-                    used = proc.usedGpuMemory
-                    if used is None or found.get(proc.pid, 0) is None:
-                        found[proc.pid] = None
-                    else:
-                        found[proc.pid] = int(found.get(proc.pid) or 0) + int(used)
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid not in wanted:
+                    continue
+                used = proc.usedGpuMemory
+                if used is None or (proc.pid in found and found[proc.pid] is None):
+                    found[proc.pid] = None
+                else:
+                    found[proc.pid] = (found.get(proc.pid) or 0) + int(used)
         return found
 
     def devices(self) -> list[DeviceUsage]:

@@ -62,7 +62,9 @@ MIN_DRIVER_MAJOR = 570
 
 # get-state answers for a process the driver has no CUDA state for. NOT_INITIALIZED can
 # only be about the target: this process has called cuInit before asking.
-_NOT_CUDA = frozenset({"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NOT_FOUND"})
+_NOT_CUDA = frozenset(
+    {"CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NOT_FOUND"}
+)
 
 _STATES = {
     "CU_PROCESS_STATE_RUNNING": ProcState.RUNNING,
@@ -133,7 +135,9 @@ class Driver:
         try:
             return await asyncio.wait_for(asyncio.shield(future), remaining)
         except TimeoutError as error:
-            raise TimeoutError(f"driver call for pid {pid} still running at the deadline") from error
+            raise TimeoutError(
+                f"driver call for pid {pid} still running at the deadline"
+            ) from error
 
     async def get_state(self, pid: int, *, deadline: float) -> ProcState:
         d = self._d
@@ -175,7 +179,9 @@ class Driver:
                 # The restore thread id helps find the process's driver-side log lines.
                 tid = d.cuCheckpointProcessGetRestoreThreadId(pid)
                 if _name(tid[0]) == "CUDA_SUCCESS":
-                    raise StepError("restore", pid, f"{error.reason} (restore tid {tid[1]})") from error
+                    raise StepError(
+                        "restore", pid, f"{error.reason} (restore tid {tid[1]})"
+                    ) from error
                 raise
 
         await self._call(pid, deadline, restore)
@@ -237,11 +243,14 @@ class CudaBackend:
             try:
                 module = load_driver()
             except ImportError:
-                return ProbeResult(False, "cuda-python is not installed (pip install 'rlslice[cuda]')")
+                return ProbeResult(
+                    False, "cuda-python is not installed (pip install 'rlslice[cuda]')"
+                )
         missing = [symbol for symbol in SYMBOLS if not hasattr(module, symbol)]
         if missing:
             return ProbeResult(
-                False, f"cuda-python lacks {', '.join(missing)}: install cuda-bindings 12.8 or newer"
+                False,
+                f"cuda-python lacks {', '.join(missing)}: install cuda-bindings 12.8 or newer",
             )
         driver = Driver(module, threads=1)
         try:

@@ -68,7 +68,9 @@ class Cli:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             await proc.wait()
-            raise TimeoutError(f"{op} of pid {pid}: {self.binary} killed at the deadline") from error
+            raise TimeoutError(
+                f"{op} of pid {pid}: {self.binary} killed at the deadline"
+            ) from error
         finally:
             if proc.returncode is None:  # cancelled: leave no child behind
                 with contextlib.suppress(ProcessLookupError):
