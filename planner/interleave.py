@@ -354,7 +354,7 @@ class _Group:
 
 
 def _validate_jobs(jobs: Sequence[JobProfile], gpu_bytes: int) -> tuple[JobProfile, ...]:
-    if isinstance(jobs, str | bytes) or not isinstance(jobs, Sequence) or not jobs:
+    if not isinstance(jobs, list | tuple) or not jobs:
         raise InvalidArgumentError("jobs must be a non-empty sequence of JobProfile")
     for job in jobs:
         if not isinstance(job, JobProfile):

@@ -168,7 +168,8 @@ def completion_token_mask(
     is_eos = np.isin(ids, eos) if eos else np.zeros(ids.shape, dtype=bool)
     # EOS strictly before position j ends the completion; the EOS itself is kept.
     before = np.cumsum(is_eos, axis=1) - is_eos
-    return (before == 0).astype(np.int64)
+    mask: npt.NDArray[np.int64] = (before == 0).astype(np.int64)
+    return mask
 
 
 def queue_growth_per_minute(

@@ -60,7 +60,9 @@ def restore_rng_state(rng: RandomSource, state: object) -> None:
     if isinstance(rng, random.Random):
         rng.setstate(state)  # type: ignore[arg-type]
     else:
-        rng.bit_generator.state = copy.deepcopy(state)  # type: ignore[assignment]
+        if not isinstance(state, Mapping):
+            raise InvalidArgumentError("rng_state of a numpy Generator must be a mapping")
+        rng.bit_generator.state = copy.deepcopy(state)
 
 
 @dataclass(frozen=True)
