@@ -77,6 +77,8 @@ class JobHandle:
     """Open `app` command streams of the job's processes."""
     options: Mapping[str, str] = field(default_factory=dict)
     """Backend options from the group spec."""
+    discard_tags: tuple[str, ...] = ()
+    """For `app`: tags to drop instead of offloading on this snapshot."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,11 @@ class BackendContext:
 
 class BackendError(Exception):
     """A move failed; the message is one line and says why. The agent rolls back."""
+
+
+class DeviceMemoryError(BackendError):
+    """A restore found too little free device memory; the job stays parked. The agent
+    answers RESOURCE_EXHAUSTED, so the scheduler can evict another job and retry."""
 
 
 @runtime_checkable

@@ -1,0 +1,212 @@
+"""Emulated device memory for the agent's `sim` backend (machines without GPUs).
+
+    from rlslice.client import sim
+
+    device = sim.attach()                      # device 0 of this node
+    weights = device.alloc(256 << 20, tag="weights")
+    array = numpy.frombuffer(weights, dtype=numpy.float32)   # writable, shared memory
+
+Each buffer is a shared-memory file under `<root>/<node>/jobs/<job>/` that the node's agent
+sees; while the job is parked the agent has stopped the process, copied the bytes away and
+freed the device, and on restore the same mapping holds the same bytes again. Allocating
+beyond a device's capacity raises `SimOutOfMemoryError`, worded like CUDA's.
+
+Where the device lives, first match wins: `node_dir=`; `$RLSLICE_SIM_DIR`;
+`$RLSLICE_SIM_ROOT` (default `/dev/shm/rlslice-sim`) joined with the node name
+(`node=`, `$RLSLICE_NODE`, or the host name as a DNS-1123 label). The job comes from `job=`
+or `$RLSLICE_JOB`. The layout is the agent's (`rlslice.snapshot_agent.backends._simfs`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import itertools
+import json
+import mmap
+import os
+import re
+import socket
+import threading
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+from rlslice._errors import ResourceExhaustedError
+from rlslice._ids import validate_id
+
+__all__ = ["SimBuffer", "SimDevice", "SimOutOfMemoryError", "attach"]
+
+DEFAULT_ROOT = "/dev/shm/rlslice-sim"
+ENV_SIM_DIR = "RLSLICE_SIM_DIR"
+ENV_SIM_ROOT = "RLSLICE_SIM_ROOT"
+ENV_NODE = "RLSLICE_NODE"
+ENV_JOB = "RLSLICE_JOB"
+_GiB = 1 << 30
+_counter = itertools.count()
+_live: weakref.WeakSet[SimBuffer] = weakref.WeakSet()
+
+
+class SimOutOfMemoryError(ResourceExhaustedError, MemoryError):
+    """An allocation does not fit in the emulated device's free memory."""
+
+
+def _node_name() -> str:
+    # Same rule as the agent's default node name (a test pins that they agree).
+    name = socket.gethostname().split(".")[0].lower()
+    name = re.sub(r"[^a-z0-9-]+", "-", name).strip("-")[:63].strip("-")
+    return name or "node"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / _GiB:.2f} GiB"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _used(node_dir: Path, index: int) -> int:
+    prefix = f"d{index}-"
+    total = 0
+    jobs = node_dir / "jobs"
+    for job in os.scandir(jobs):
+        if not job.is_dir():
+            continue
+        for entry in os.scandir(job.path):
+            if entry.name.startswith(prefix) and entry.name.endswith(".buf"):
+                with contextlib.suppress(FileNotFoundError):
+                    total += entry.stat().st_size
+    return total
+
+
+class SimBuffer(mmap.mmap):
+    """A writable buffer of emulated device memory (an `mmap`: use it with memoryview,
+    `numpy.frombuffer`, `torch.frombuffer`). `free()` gives the memory back."""
+
+    tag: str
+    """The tag it was allocated with."""
+    nbytes: int
+    """Its size in bytes."""
+    path: Path
+    """Its shared-memory file."""
+    owner: int
+    """Pid of the process that allocated it (a forked child does not free it at exit)."""
+
+    def free(self) -> None:
+        """Unmap the buffer and give its device memory back. Views of it must be gone."""
+        if not self.closed:
+            self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+class SimDevice:
+    """One emulated device of this node, as seen by one job."""
+
+    def __init__(self, node_dir: Path, index: int, job: str, total_bytes: int, name: str) -> None:
+        self.node_dir = node_dir
+        self.index = index
+        self.job = job
+        self.total_bytes = total_bytes
+        """Capacity in bytes."""
+        self.name = name
+
+    def used_bytes(self) -> int:
+        """Bytes in use on the device by every job."""
+        return _used(self.node_dir, self.index)
+
+    def alloc(self, nbytes: int, *, tag: str = "buffer") -> SimBuffer:
+        """A new zero-filled buffer of `nbytes`; raises SimOutOfMemoryError when it does not fit."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise ValueError(f"nbytes: must be a positive integer, got {nbytes!r}")
+        clean = re.sub(r"[^a-zA-Z0-9_-]+", "-", tag)[:40] or "buffer"
+        folder = self.node_dir / "jobs" / self.job
+        folder.mkdir(exist_ok=True)
+        path = folder / f"d{self.index}-{os.getpid()}-{next(_counter)}-{clean}.buf"
+        with _locked(self.node_dir / f"d{self.index}.lock"):
+            used = _used(self.node_dir, self.index)
+            if used + nbytes > self.total_bytes:
+                raise SimOutOfMemoryError(
+                    f"CUDA out of memory (emulated). Tried to allocate {_gib(nbytes)} "
+                    f"(GPU {self.index}; {_gib(self.total_bytes)} total capacity; "
+                    f"{_gib(used)} already allocated; "
+                    f"{_gib(max(0, self.total_bytes - used))} free)"
+                )
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, nbytes)
+                buffer = SimBuffer(fd, nbytes)
+            except BaseException:
+                os.close(fd)
+                path.unlink()
+                raise
+        os.close(fd)
+        buffer.tag = tag
+        buffer.nbytes = nbytes
+        buffer.path = path
+        buffer.owner = os.getpid()
+        _live.add(buffer)
+        return buffer
+
+
+_attach_lock = threading.Lock()
+
+
+def attach(
+    index: int = 0,
+    *,
+    job: str | None = None,
+    node: str | None = None,
+    node_dir: str | os.PathLike[str] | None = None,
+) -> SimDevice:
+    """The emulated device `index` of this node, for job `job` (see the module doc)."""
+    job = validate_id(job or os.environ.get(ENV_JOB, ""), "job")
+    if node_dir is None:
+        env_dir = os.environ.get(ENV_SIM_DIR)
+        if env_dir:
+            node_dir = env_dir
+        else:
+            root = os.environ.get(ENV_SIM_ROOT) or DEFAULT_ROOT
+            node_dir = Path(root) / validate_id(
+                node or os.environ.get(ENV_NODE) or _node_name(), "node"
+            )
+    folder = Path(node_dir)
+    try:
+        table = json.loads((folder / "devices.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"no emulated devices at {folder}: is an agent with the sim backend running "
+            "for this node (or RLSLICE_SIM_ROOT / RLSLICE_NODE set as for the agent)?"
+        ) from None
+    for device in table["devices"]:
+        if int(device["index"]) == index:
+            with _attach_lock:
+                _register_cleanup()
+            return SimDevice(folder, index, job, int(device["total_bytes"]), str(device["name"]))
+    raise ValueError(f"index: no emulated device {index} at {folder}")
+
+
+_cleanup_registered = False
+
+
+def _register_cleanup() -> None:
+    global _cleanup_registered
+    if not _cleanup_registered:
+        atexit.register(_free_all)
+        _cleanup_registered = True
+
+
+def _free_all() -> None:
+    # A process that exits gives its device memory back, as a CUDA context does.
+    for buffer in list(_live):
+        if buffer.owner == os.getpid():
+            with contextlib.suppress(OSError):
+                buffer.path.unlink()

@@ -1,0 +1,513 @@
+"""The agent's engine: jobs, their processes and their moves, with no gRPC in sight.
+
+The servicers translate requests into these calls and rlslice errors into status codes.
+Each move runs as its own task, shielded from the caller: a caller that gives up does not
+cut a copy in half, and the result is kept for a repeat with the same epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from rlslice._errors import (
+    AbortedError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
+from rlslice._ids import validate_id
+from rlslice.snapshot_agent import memguard, state
+from rlslice.snapshot_agent.backends import BackendEntry, installed_backends
+from rlslice.snapshot_agent.backends.base import (
+    Backend,
+    BackendContext,
+    BackendError,
+    DeviceMemoryError,
+    DeviceUsage,
+    JobHandle,
+    ProbeResult,
+    WorkloadLink,
+)
+from rlslice.snapshot_agent.jobs import JobEntry, JobTable, LocalServer
+from rlslice.snapshot_agent.metrics import AgentMetrics
+from rlslice.snapshot_agent.processes import ExitWatcher, ProcessRef, alive, family
+from rlslice.snapshot_agent.state import JobState, Move
+
+log = logging.getLogger(__name__)
+
+MAX_EPOCH = 2**62
+
+
+@dataclass(frozen=True)
+class MoveReply:
+    """The answer to a Snapshot or Restore on this node."""
+
+    job: str
+    state: JobState | None
+    bytes: int = 0
+    seconds: float = 0.0
+    repeated: bool = False
+    absent: bool = False
+    epoch: int = 0
+    backend: str = ""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job, for Status."""
+
+    record: state.JobRecord
+    pids: tuple[int, ...]
+    device_bytes: int
+    host_bytes: int
+    backend: str
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """Everything Status reports."""
+
+    node: str
+    jobs: tuple[JobView, ...]
+    devices: tuple[DeviceUsage, ...]
+    host_available: int
+    backends: tuple[str, ...]
+    default_backend: str
+
+
+def host_available() -> int:
+    """Host memory available now, bytes."""
+    return int(psutil.virtual_memory().available)
+
+
+class AgentEngine:
+    """Jobs on one node and the moves of their device state."""
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        state_dir: Path,
+        default_backend: str,
+        backend_options: Callable[[str], Mapping[str, str]],
+        host_reserve_bytes: int,
+        metrics: AgentMetrics,
+        backends: Mapping[str, BackendEntry] | None = None,
+        host_memory: Callable[[], int] = host_available,
+    ) -> None:
+        self.node = node
+        self.default_backend = default_backend
+        self._state_dir = state_dir
+        self._options = backend_options
+        self._reserve = host_reserve_bytes
+        self._host_memory = host_memory
+        self.metrics = metrics
+        self._entries = dict(backends) if backends is not None else installed_backends()
+        self._backends: dict[str, Backend] = {}
+        self._probes: dict[str, ProbeResult] = {}
+        self.table = JobTable(state_dir)
+        self._watcher = ExitWatcher(self._on_exit)
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the default backend and re-read every job's state (after a restart)."""
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        await self.backend(self.default_backend)
+        self.table.load()
+        for entry in list(self.table.entries.values()):
+            entry.processes = {ref for ref in entry.processes if alive(ref)}
+            for ref in entry.processes:
+                self._watcher.watch(ref)
+            await self._recover(entry)
+        self.table.save()
+        await self.refresh_metrics()
+
+    async def _recover(self, entry: JobEntry) -> None:
+        record = entry.record
+        name = record.backend or entry.backend or self.default_backend
+        try:
+            backend = await self.backend(name)
+            seen = await backend.state(self._handle(entry, family(entry.processes)))
+        except (FailedPreconditionError, InvalidArgumentError, BackendError) as error:
+            log.warning(
+                "job %s: cannot re-read its state (%s); keeping %s",
+                record.job,
+                error,
+                record.state.value,
+            )
+            return
+        entry.record = state.recovered(record, seen.value)
+        log.info("job %s: re-read as %s", record.job, entry.record.state.value)
+        if not entry.processes and entry.record.state_on_device:
+            await self._drop(entry, backend)
+
+    async def close(self) -> None:
+        """Wait for moves under way, stop watching processes."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        self._watcher.close()
+
+    # -- backends ----------------------------------------------------------------------
+
+    async def backend(self, name: str) -> Backend:
+        """The backend `name`, created on first use; refuses one that is not usable here."""
+        if name in self._backends:
+            return self._backends[name]
+        entry = self._entries.get(name)
+        if entry is None:
+            installed = ", ".join(self._entries) or "none"
+            raise InvalidArgumentError(
+                f"backend: {name!r} is not installed on node {self.node} (installed: {installed})"
+            )
+        if entry.cls is None:
+            raise FailedPreconditionError(
+                f"backend: {name!r} cannot load on node {self.node}: {entry.error}"
+            )
+        known = self._probes.get(name)
+        if known is None:
+            known = await self._create(name, entry.cls)
+        if not known.usable:
+            raise FailedPreconditionError(
+                f"backend: {name!r} is not usable on node {self.node}: {known.detail}"
+            )
+        return self._backends[name]
+
+    async def _create(self, name: str, cls: type[Backend]) -> ProbeResult:
+        context = BackendContext(
+            node=self.node,
+            state_dir=self._state_dir / "backends" / name,
+            options=dict(self._options(name)),
+        )
+        try:
+            context.state_dir.mkdir(parents=True, exist_ok=True)
+            instance = cls(context)
+            probe = await instance.probe()
+        except Exception as error:  # a backend that cannot even start is unusable here
+            probe = ProbeResult(False, f"failed to start: {type(error).__name__}: {error}")
+        else:
+            if probe.usable:
+                self._backends[name] = instance
+        self._probes[name] = probe
+        return probe
+
+    async def probe(self) -> list[tuple[str, ProbeResult]]:
+        """Every installed backend: usable here or why not."""
+        results: list[tuple[str, ProbeResult]] = []
+        for name, entry in self._entries.items():
+            if entry.cls is None:
+                results.append((name, ProbeResult(False, f"cannot load: {entry.error}")))
+                continue
+            probe = self._probes.get(name) or await self._create(name, entry.cls)
+            results.append((name, probe))
+        return results
+
+    # -- local registration ------------------------------------------------------------
+
+    def register(
+        self,
+        ref: ProcessRef,
+        job: str,
+        group: str,
+        *,
+        backend: str = "",
+        modes: Sequence[str] = (),
+        tags: Sequence[str] = (),
+        local_server: LocalServer | None = None,
+    ) -> str:
+        """Add the verified process `ref` to `job`; return the backend the job will use."""
+        validate_id(job, "job")
+        validate_id(group, "group")
+        if backend and backend not in self._entries:
+            raise InvalidArgumentError(f"backend: {backend!r} is not installed on this node")
+        owner = self.table.owner_of(ref)
+        if owner is not None and owner.record.job != job:
+            raise FailedPreconditionError(
+                f"pid {ref.pid} is registered to job {owner.record.job} already"
+            )
+        entry = self.table.entries.get(job)
+        if entry is None:
+            entry = JobEntry(state.JobRecord(job=job, group=group))
+            self.table.entries[job] = entry
+        elif entry.record.group != group:
+            raise FailedPreconditionError(
+                f"group: job {job} is registered in group {entry.record.group} on this node"
+            )
+        entry.processes.add(ref)
+        entry.backend = backend or entry.backend
+        entry.modes = tuple(modes) or entry.modes
+        entry.tags = tuple(tags) or entry.tags
+        entry.local_server = local_server or entry.local_server
+        self._watcher.watch(ref)
+        self.table.save()
+        self._refresh_jobs()
+        return entry.backend or self.default_backend
+
+    def attach_workload(self, job: str, link: WorkloadLink) -> None:
+        """Add an open workload stream to a registered job."""
+        self.table.entries[job].workloads.append(link)
+
+    def detach_workload(self, job: str, link: WorkloadLink) -> None:
+        """Remove a closed workload stream."""
+        entry = self.table.entries.get(job)
+        if entry is not None and link in entry.workloads:
+            entry.workloads.remove(link)
+
+    def _on_exit(self, ref: ProcessRef) -> None:
+        entry = self.table.owner_of(ref)
+        if entry is None:
+            return
+        entry.processes.discard(ref)
+        self._watcher.forget(ref)
+        log.info("job %s: process %d exited", entry.record.job, ref.pid)
+        self.table.save()
+        if not entry.processes:
+            self._spawn(self._drop_if_gone(entry))
+
+    async def _drop_if_gone(self, entry: JobEntry) -> None:
+        async with entry.lock:
+            if entry.processes or not entry.record.state_on_device:
+                return  # parked state stays until the scheduler releases it
+            if self.table.entries.get(entry.record.job) is not entry:
+                return
+            name = entry.record.backend or entry.backend or self.default_backend
+            try:
+                await self._drop(entry, await self.backend(name))
+            except (FailedPreconditionError, InvalidArgumentError, BackendError) as error:
+                log.warning("job %s: could not free its memory: %s", entry.record.job, error)
+
+    async def _drop(self, entry: JobEntry, backend: Backend) -> int:
+        freed = await backend.release(self._handle(entry, ()))
+        self.table.entries.pop(entry.record.job, None)
+        self.table.save()
+        self._refresh_jobs()
+        log.info("job %s: dropped (%d parked bytes freed)", entry.record.job, freed)
+        return freed
+
+    def _spawn(self, work: object) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.ensure_future(work)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- moves -------------------------------------------------------------------------
+
+    def _handle(
+        self,
+        entry: JobEntry,
+        pids: tuple[int, ...],
+        options: Mapping[str, str] | None = None,
+        discard_tags: Sequence[str] = (),
+    ) -> JobHandle:
+        return JobHandle(
+            job=entry.record.job,
+            group=entry.record.group,
+            pids=pids,
+            workloads=tuple(entry.workloads),
+            options=dict(options or {}),
+            discard_tags=tuple(discard_tags),
+        )
+
+    async def move(
+        self,
+        move: Move,
+        job: str,
+        group: str,
+        epoch: int,
+        *,
+        backend: str = "",
+        options: Mapping[str, str] | None = None,
+        discard_tags: Sequence[str] = (),
+        timeout: float = 120.0,
+    ) -> MoveReply:
+        """Snapshot or restore `job` on this node for `epoch`; see `state.decide`."""
+        validate_id(job, "job")
+        validate_id(group, "group")
+        if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
+            raise InvalidArgumentError(f"epoch: {epoch} is outside [0, {MAX_EPOCH}]")
+        if backend:
+            validate_id(backend, "backend")
+        deadline = time.time() + timeout
+        task = self._spawn(
+            self._move(
+                move, job, group, epoch, backend, dict(options or {}), discard_tags, deadline
+            )
+        )
+        result = await asyncio.shield(task)
+        assert isinstance(result, MoveReply)
+        return result
+
+    async def _move(
+        self,
+        move: Move,
+        job: str,
+        group: str,
+        epoch: int,
+        asked: str,
+        options: dict[str, str],
+        discard_tags: Sequence[str],
+        deadline: float,
+    ) -> MoveReply:
+        entry = self.table.entries.get(job)
+        if entry is None:
+            return MoveReply(job, None, absent=True, epoch=epoch)
+        async with entry.lock:
+            record = entry.record
+            if record.group != group:
+                raise FailedPreconditionError(
+                    f"group: job {job} is in group {record.group} on node {self.node}, not {group}"
+                )
+            pids = family(entry.processes)
+            decision = state.decide(record, move, epoch, has_processes=bool(pids))
+            if isinstance(decision, state.Absent):
+                return MoveReply(job, record.state, absent=True, epoch=epoch)
+            if isinstance(decision, state.Repeat):
+                r = decision.result
+                return MoveReply(job, r.state, r.bytes, r.seconds, True, False, r.epoch, r.backend)
+            if isinstance(decision, state.Refuse):
+                raise FailedPreconditionError(decision.message)
+            name = self._backend_for(entry, move, asked)
+            backend = await self.backend(name)
+            handle = self._handle(entry, pids, options, discard_tags)
+            if move is Move.SNAPSHOT:
+                await self._guard(handle, backend)
+            entry.record = state.begin(record, move, epoch, name)
+            self.table.save()
+            self._refresh_jobs()
+            started = time.perf_counter()
+            try:
+                if move is Move.SNAPSHOT:
+                    outcome = await backend.snapshot(handle, deadline=deadline)
+                else:
+                    outcome = await backend.restore(handle, deadline=deadline)
+            except Exception as error:
+                seconds = time.perf_counter() - started
+                reason = str(error) or type(error).__name__
+                entry.record = state.fail(entry.record, move, epoch, reason, seconds)
+                self.table.save()
+                self._refresh_jobs()
+                if isinstance(error, DeviceMemoryError):
+                    log.warning("job %s: %s refused: %s", job, move.value, error)
+                    raise ResourceExhaustedError(reason) from error
+                if not isinstance(error, BackendError):
+                    log.exception("job %s: %s failed unexpectedly", job, move.value)
+                    raise InternalError(f"{move.value} of job {job} failed: {reason}") from error
+                log.warning("job %s: %s failed: %s", job, move.value, error)
+                where = (
+                    "rolled back, the job keeps running"
+                    if move is Move.SNAPSHOT
+                    else "the job stays parked"
+                )
+                raise AbortedError(
+                    f"{move.value} of job {job} failed ({where}): {reason}"
+                ) from error
+            entry.record = state.succeed(entry.record, move, epoch, outcome.bytes, outcome.seconds)
+            self.table.save()
+        await self._observe(move, name, outcome.bytes, outcome.seconds)
+        result = entry.record.last
+        assert result is not None
+        return MoveReply(job, result.state, result.bytes, result.seconds, False, False, epoch, name)
+
+    def _backend_for(self, entry: JobEntry, move: Move, asked: str) -> str:
+        record = entry.record
+        if move is Move.RESTORE and record.backend:
+            # State parked by one backend comes back through the same one.
+            if asked and asked != record.backend:
+                raise FailedPreconditionError(
+                    f"backend: job {record.job} was parked by {record.backend!r}, not {asked!r}"
+                )
+            return record.backend
+        return asked or entry.backend or self.default_backend
+
+    async def _guard(self, handle: JobHandle, backend: Backend) -> None:
+        nbytes = await backend.device_bytes(handle)
+        cgroups = await asyncio.to_thread(memguard.cgroup_headrooms, handle.pids)
+        reason = memguard.refusal(
+            handle.job,
+            nbytes,
+            host_available=self._host_memory(),
+            reserve=self._reserve,
+            cgroups=cgroups,
+        )
+        if reason is not None:
+            raise ResourceExhaustedError(f"{reason}; job {handle.job} keeps running")
+
+    async def _observe(self, move: Move, backend: str, nbytes: int, seconds: float) -> None:
+        if move is Move.SNAPSHOT:
+            self.metrics.snapshot_seconds.labels(backend=backend).observe(seconds)
+            self.metrics.moved_bytes.labels(direction="out").inc(nbytes)
+        else:
+            self.metrics.restore_seconds.labels(backend=backend).observe(seconds)
+            self.metrics.moved_bytes.labels(direction="in").inc(nbytes)
+        await self.refresh_metrics()
+
+    # -- release and status ------------------------------------------------------------
+
+    async def release(self, job: str, group: str, *, force: bool) -> tuple[int, bool]:
+        """Forget `job` here; (host bytes freed, released). Kept while it lives, unless forced."""
+        validate_id(job, "job")
+        validate_id(group, "group")
+        entry = self.table.entries.get(job)
+        if entry is None:
+            raise NotFoundError(f"job: {job} is not known on node {self.node}")
+        if entry.record.group != group:
+            raise FailedPreconditionError(
+                f"group: job {job} is in group {entry.record.group} on node {self.node}"
+            )
+        async with entry.lock:
+            pids = family(entry.processes)
+            if pids and not force:
+                return 0, False
+            name = entry.record.backend or entry.backend or self.default_backend
+            backend = await self.backend(name)
+            freed = await backend.release(self._handle(entry, pids))
+            for ref in entry.processes:
+                self._watcher.forget(ref)
+            self.table.entries.pop(job, None)
+            self.table.save()
+        await self.refresh_metrics()
+        return freed, True
+
+    async def status(self) -> StatusView:
+        """Jobs, devices and host memory on this node."""
+        views = []
+        default = await self.backend(self.default_backend)
+        for entry in list(self.table.entries.values()):
+            record = entry.record
+            pids = family(entry.processes)
+            name = record.backend or entry.backend or self.default_backend
+            device = 0
+            if record.state_on_device and name in self._backends:
+                device = await self._backends[name].device_bytes(self._handle(entry, pids))
+            host = record.parked_bytes if record.state_in_host else 0
+            views.append(JobView(record, pids, device, host, name))
+        devices = tuple(await default.devices())
+        usable = tuple(name for name, probe in await self.probe() if probe.usable)
+        return StatusView(
+            self.node, tuple(views), devices, self._host_memory(), usable, self.default_backend
+        )
+
+    def _refresh_jobs(self) -> None:
+        records = [e.record for e in self.table.entries.values()]
+        parked = sum(r.parked_bytes for r in records if r.state_in_host)
+        self.metrics.observe_jobs((r.state for r in records), parked)
+
+    async def refresh_metrics(self) -> None:
+        """Refresh the gauges (after a move, at start, on Status)."""
+        self._refresh_jobs()
+        try:
+            devices = await (await self.backend(self.default_backend)).devices()
+        except Exception as error:  # metrics must never break a move
+            log.debug("device usage unavailable: %s", error)
+            devices = []
+        self.metrics.observe_memory(devices, self._host_memory())

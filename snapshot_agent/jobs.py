@@ -1,0 +1,113 @@
+"""The agent's table of jobs on this node, kept in a JSON file that survives restarts.
+
+Each entry holds the job's pure record (`state.JobRecord`), the processes the agent
+verified for it, what the job said when it registered, and its open workload streams. The
+file is rewritten atomically after every change; the workload streams are not kept (a
+restarted agent waits for the workloads to reconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlslice.snapshot_agent.backends.base import WorkloadLink
+from rlslice.snapshot_agent.processes import ProcessRef
+from rlslice.snapshot_agent.state import JobRecord, from_dict, to_dict
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "jobs.json"
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    """A job's own local inference server (`app` backend with vLLM or SGLang)."""
+
+    kind: str
+    port: int
+
+
+@dataclass
+class JobEntry:
+    """One job on this node (mutable: the adapter's container around the pure record)."""
+
+    record: JobRecord
+    processes: set[ProcessRef] = field(default_factory=set)
+    backend: str = ""
+    """Backend the job asked for at registration; empty means the agent's default."""
+    modes: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    local_server: LocalServer | None = None
+    workloads: list[WorkloadLink] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the job moves: moves of one job run one at a time."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "record": to_dict(self.record),
+            "processes": [[p.pid, p.start] for p in sorted(self.processes, key=lambda p: p.pid)],
+            "backend": self.backend,
+            "modes": list(self.modes),
+            "tags": list(self.tags),
+            "local_server": None
+            if self.local_server is None
+            else [self.local_server.kind, self.local_server.port],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobEntry:
+        server = data.get("local_server")
+        return cls(
+            record=from_dict(data["record"]),
+            processes={ProcessRef(int(pid), float(start)) for pid, start in data["processes"]},
+            backend=str(data.get("backend", "")),
+            modes=tuple(data.get("modes", ())),
+            tags=tuple(data.get("tags", ())),
+            local_server=None if not server else LocalServer(str(server[0]), int(server[1])),
+        )
+
+
+class JobTable:
+    """Jobs by id, persisted to `<state_dir>/jobs.json`."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._path = state_dir / STATE_FILE
+        self.entries: dict[str, JobEntry] = {}
+
+    def load(self) -> None:
+        """Read the file; a damaged entry is logged and skipped, never fatal."""
+        try:
+            data = json.loads(self._path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as error:
+            log.error("cannot read %s (%s): starting with no jobs", self._path, error)
+            return
+        for item in data.get("jobs", []):
+            try:
+                entry = JobEntry.from_json(item)
+            except (KeyError, ValueError, TypeError) as error:
+                log.error("skipping a damaged job entry in %s: %s", self._path, error)
+                continue
+            self.entries[entry.record.job] = entry
+
+    def save(self) -> None:
+        """Rewrite the file atomically."""
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        temp = self._path.with_name(f".{STATE_FILE}.{os.getpid()}")
+        payload = {"jobs": [entry.to_json() for entry in self.entries.values()]}
+        temp.write_text(json.dumps(payload, indent=1))
+        temp.replace(self._path)
+
+    def owner_of(self, ref: ProcessRef) -> JobEntry | None:
+        """The job `ref` is registered to, if any."""
+        for entry in self.entries.values():
+            if ref in entry.processes:
+                return entry
+        return None

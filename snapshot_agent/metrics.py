@@ -1,0 +1,89 @@
+"""Prometheus metrics of one agent, in a private registry (several agents may share a process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from rlslice.snapshot_agent.backends.base import DeviceUsage
+from rlslice.snapshot_agent.state import JobState
+
+_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class AgentMetrics:
+    """The agent's metrics; `registry` is what the HTTP endpoint serves."""
+
+    def __init__(self, node: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = {"node": node}
+        self.snapshot_seconds = Histogram(
+            "rlslice_agent_snapshot_seconds",
+            "Seconds a snapshot took on this node.",
+            ["backend"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.restore_seconds = Histogram(
+            "rlslice_agent_restore_seconds",
+            "Seconds a restore took on this node.",
+            ["backend"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.moved_bytes = Counter(
+            "rlslice_agent_moved_bytes",
+            "Bytes moved between device and host memory.",
+            ["direction"],
+            registry=self.registry,
+        )
+        self.jobs = Gauge(
+            "rlslice_agent_jobs", "Jobs on this node by state.", ["state"], registry=self.registry
+        )
+        self.device_used = Gauge(
+            "rlslice_agent_device_used_bytes",
+            "Device memory in use.",
+            ["device"],
+            registry=self.registry,
+        )
+        self.device_total = Gauge(
+            "rlslice_agent_device_total_bytes",
+            "Device memory in total.",
+            ["device"],
+            registry=self.registry,
+        )
+        self.host_available = Gauge(
+            "rlslice_agent_host_available_bytes",
+            "Host memory available for parked state.",
+            registry=self.registry,
+        )
+        self.parked_bytes = Gauge(
+            "rlslice_agent_parked_bytes",
+            "Host bytes taken by parked device state.",
+            registry=self.registry,
+        )
+        self.info = Gauge(
+            "rlslice_agent_info", "The agent's node.", list(labels), registry=self.registry
+        )
+        self.info.labels(**labels).set(1)
+        for state in JobState:
+            self.jobs.labels(state=state.value).set(0)
+        for direction in ("out", "in"):
+            self.moved_bytes.labels(direction=direction)
+
+    def observe_jobs(self, states: Iterable[JobState], parked_bytes: int) -> None:
+        """Refresh the jobs-by-state and parked-bytes gauges."""
+        counts = dict.fromkeys(JobState, 0)
+        for state in states:
+            counts[state] += 1
+        for state, count in counts.items():
+            self.jobs.labels(state=state.value).set(count)
+        self.parked_bytes.set(parked_bytes)
+
+    def observe_memory(self, devices: Iterable[DeviceUsage], host_available: int) -> None:
+        """Refresh the device and host memory gauges."""
+        for device in devices:
+            self.device_used.labels(device=str(device.index)).set(device.used_bytes)
+            self.device_total.labels(device=str(device.index)).set(device.total_bytes)
+        self.host_available.set(host_available)

@@ -1,0 +1,100 @@
+"""Processes the agent verified: identity that survives pid reuse, children, exit watching.
+
+A process is known by (pid, start time): a pid that was reused by another process no longer
+matches, so the agent never acts on a stranger. A job's processes are its registered ones
+plus their descendants, found afresh on every move (a trainer's data-loader workers, say).
+Exits are noticed through a pidfd (no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """One verified process."""
+
+    pid: int
+    start: float
+    """Its start time (psutil `create_time`), which tells it from a later process with its pid."""
+
+
+def identify(pid: int) -> ProcessRef | None:
+    """The process now running as `pid`, or None when there is none (or it is a zombie)."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return ProcessRef(pid, process.create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def alive(ref: ProcessRef) -> bool:
+    """True while the very process `ref` names still runs."""
+    return identify(ref.pid) == ref
+
+
+def family(refs: Iterable[ProcessRef]) -> tuple[int, ...]:
+    """Pids of the live processes among `refs` and of all their descendants, sorted."""
+    pids: set[int] = set()
+    for ref in refs:
+        if not alive(ref):
+            continue
+        pids.add(ref.pid)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            for child in psutil.Process(ref.pid).children(recursive=True):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    pids.add(child.pid)
+    return tuple(sorted(pids))
+
+
+class ExitWatcher:
+    """Calls `on_exit(ref)` from the event loop when a watched process exits."""
+
+    def __init__(self, on_exit: Callable[[ProcessRef], None]) -> None:
+        self._on_exit = on_exit
+        self._fds: dict[ProcessRef, int] = {}
+
+    def watch(self, ref: ProcessRef) -> None:
+        """Watch `ref`; calls back at once (soon) if it is already gone."""
+        if ref in self._fds:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(ref.pid)
+        except ProcessLookupError:
+            loop.call_soon(self._on_exit, ref)
+            return
+        except OSError:
+            return  # no pidfd here: exits are noticed when the job is next looked at
+        if not alive(ref):  # the pid was reused between identify() and pidfd_open()
+            os.close(fd)
+            loop.call_soon(self._on_exit, ref)
+            return
+        self._fds[ref] = fd
+        loop.add_reader(fd, self._exited, ref)
+
+    def _exited(self, ref: ProcessRef) -> None:
+        self.forget(ref)
+        self._on_exit(ref)
+
+    def forget(self, ref: ProcessRef) -> None:
+        """Stop watching `ref`."""
+        fd = self._fds.pop(ref, None)
+        if fd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        """Stop watching everything."""
+        for ref in list(self._fds):
+            self.forget(ref)

@@ -1,0 +1,108 @@
+"""Announce the agent to its scheduler, and again whenever the scheduler comes back.
+
+After a successful RegisterAgent the link waits on the channel's connectivity (no
+polling): when the connection to the scheduler drops and a new one is made, it registers
+again. Failed attempts are retried with capped exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from rlslice._channel import open_channel
+from rlslice.config import TLSConfig
+from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerLink:
+    """Keeps this agent registered with the scheduler at `address`."""
+
+    def __init__(
+        self,
+        address: str,
+        request: Callable[[], Awaitable[scheduler_pb2.RegisterAgentRequest]],
+        *,
+        tls: TLSConfig | None = None,
+        token: str | None = None,
+        initial_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self._address = address
+        self._request = request
+        self._tls = tls
+        self._token = token
+        self._initial = initial_backoff
+        self._max = max_backoff
+        self._task: asyncio.Task[None] | None = None
+        self.registrations = 0
+        """Successful RegisterAgent calls so far."""
+        self.groups: tuple[str, ...] = ()
+        """Groups the scheduler said this node takes part in, at the last registration."""
+        self._registered = asyncio.Event()
+
+    def start(self) -> None:
+        """Begin registering in the background."""
+        self._task = asyncio.ensure_future(self._run())
+
+    async def wait_registered(self, timeout: float) -> bool:
+        """True once a registration has succeeded (within `timeout` seconds)."""
+        try:
+            await asyncio.wait_for(self._registered.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Stop the background task."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        channel = open_channel(self._address, tls=self._tls, token=self._token)
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        delay = self._initial
+        try:
+            while True:
+                try:
+                    request = await self._request()
+                    response = await stub.RegisterAgent(request, timeout=10.0, wait_for_ready=False)
+                except grpc.RpcError as error:
+                    code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
+                    log.info(
+                        "scheduler %s: registration failed (%s); retrying in %.1fs",
+                        self._address,
+                        code,
+                        delay,
+                    )
+                    await asyncio.sleep(delay * (0.8 + 0.2 * random.random()))
+                    delay = min(self._max, delay * 2)
+                    continue
+                delay = self._initial
+                self.registrations += 1
+                self.groups = tuple(response.groups)
+                self._registered.set()
+                log.info(
+                    "registered with scheduler %s (groups: %s)",
+                    self._address,
+                    ", ".join(self.groups) or "none",
+                )
+                await self._until_reconnected(channel)
+        finally:
+            await channel.close()
+
+    @staticmethod
+    async def _until_reconnected(channel: grpc.aio.Channel) -> None:
+        """Return once the connection has dropped and the channel tries again."""
+        state = channel.get_state(try_to_connect=True)
+        while state is grpc.ChannelConnectivity.READY:
+            await channel.wait_for_state_change(state)
+            state = channel.get_state(try_to_connect=True)

@@ -1,0 +1,174 @@
+"""The Agent gRPC service (TCP, for the scheduler): a thin translation over the engine."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from rlslice._auth import Role
+from rlslice._errors import InternalError, RlsliceError
+from rlslice._grpc_errors import abort_with
+from rlslice.snapshot_agent.engine import AgentEngine, MoveReply
+from rlslice.snapshot_agent.state import JobState, Move
+from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a move may take when the caller set no deadline."""
+
+STATE_TO_PROTO: dict[JobState, int] = {
+    JobState.RUNNING: agent_pb2.AGENT_JOB_STATE_RUNNING,
+    JobState.SAVING: agent_pb2.AGENT_JOB_STATE_SAVING,
+    JobState.PARKED: agent_pb2.AGENT_JOB_STATE_PARKED,
+    JobState.RESTORING: agent_pb2.AGENT_JOB_STATE_RESTORING,
+    JobState.FAULTED: agent_pb2.AGENT_JOB_STATE_FAULTED,
+}
+
+#: Every Agent method needs the agent role (the admin token satisfies it too).
+METHOD_ROLES: dict[str, Role] = {
+    f"/rlslice.v1alpha1.Agent/{name}": Role.AGENT
+    for name in ("Snapshot", "Restore", "Release", "Status", "Probe")
+}
+
+T = TypeVar("T")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+async def _answer(context: Context, work: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await work()
+    except RlsliceError as error:
+        await abort_with(context, error)
+    except Exception as error:
+        log.exception("agent call failed")
+        await abort_with(context, InternalError(f"{type(error).__name__}: {error}"))
+    raise AssertionError("abort returns by raising")  # pragma: no cover
+
+
+def _timeout(context: Context) -> float:
+    remaining = context.time_remaining()
+    if remaining is None:
+        return DEFAULT_TIMEOUT
+    return max(0.0, remaining - 0.05)  # leave time to send the answer
+
+
+def move_result(reply: MoveReply) -> agent_pb2.MoveResult:
+    """The wire form of a move's answer."""
+    return agent_pb2.MoveResult(
+        job=reply.job,
+        state=STATE_TO_PROTO.get(reply.state, 0) if reply.state else 0,  # type: ignore[arg-type]
+        bytes=reply.bytes,
+        seconds=reply.seconds,
+        repeated=reply.repeated,
+        absent=reply.absent,
+        epoch=reply.epoch,
+        backend=reply.backend,
+    )
+
+
+class AgentServicer(agent_pb2_grpc.AgentServicer):
+    """Snapshot, Restore, Release, Status, Probe."""
+
+    def __init__(self, engine: AgentEngine) -> None:
+        self._engine = engine
+
+    async def Snapshot(
+        self, request: agent_pb2.SnapshotRequest, context: Context
+    ) -> agent_pb2.MoveResult:
+        async def work() -> agent_pb2.MoveResult:
+            reply = await self._engine.move(
+                Move.SNAPSHOT,
+                request.job,
+                request.group,
+                request.epoch,
+                backend=request.backend,
+                options=dict(request.options),
+                discard_tags=tuple(request.discard_tags),
+                timeout=_timeout(context),
+            )
+            return move_result(reply)
+
+        return await _answer(context, work)
+
+    async def Restore(
+        self, request: agent_pb2.RestoreRequest, context: Context
+    ) -> agent_pb2.MoveResult:
+        async def work() -> agent_pb2.MoveResult:
+            reply = await self._engine.move(
+                Move.RESTORE,
+                request.job,
+                request.group,
+                request.epoch,
+                backend=request.backend,
+                options=dict(request.options),
+                timeout=_timeout(context),
+            )
+            return move_result(reply)
+
+        return await _answer(context, work)
+
+    async def Release(
+        self, request: agent_pb2.ReleaseRequest, context: Context
+    ) -> agent_pb2.ReleaseResponse:
+        async def work() -> agent_pb2.ReleaseResponse:
+            freed, released = await self._engine.release(
+                request.job, request.group, force=request.force
+            )
+            return agent_pb2.ReleaseResponse(freed_bytes=freed, released=released)
+
+        return await _answer(context, work)
+
+    async def Status(
+        self, request: agent_pb2.AgentStatusRequest, context: Context
+    ) -> agent_pb2.AgentStatus:
+        async def work() -> agent_pb2.AgentStatus:
+            view = await self._engine.status()
+            return agent_pb2.AgentStatus(
+                node=view.node,
+                jobs=[
+                    agent_pb2.AgentJob(
+                        job=j.record.job,
+                        group=j.record.group,
+                        state=STATE_TO_PROTO[j.record.state],  # type: ignore[arg-type]
+                        reason=j.record.reason,
+                        pids=list(j.pids),
+                        device_bytes=j.device_bytes,
+                        host_bytes=j.host_bytes,
+                        backend=j.backend,
+                        epoch=j.record.epoch,
+                    )
+                    for j in view.jobs
+                ],
+                devices=[
+                    agent_pb2.Device(
+                        index=d.index,
+                        used_bytes=d.used_bytes,
+                        total_bytes=d.total_bytes,
+                        name=d.name,
+                    )
+                    for d in view.devices
+                ],
+                host_available_bytes=view.host_available,
+                backends=list(view.backends),
+                default_backend=view.default_backend,
+            )
+
+        return await _answer(context, work)
+
+    async def Probe(
+        self, request: agent_pb2.ProbeRequest, context: Context
+    ) -> agent_pb2.ProbeResponse:
+        async def work() -> agent_pb2.ProbeResponse:
+            results = await self._engine.probe()
+            return agent_pb2.ProbeResponse(
+                backends=[
+                    agent_pb2.BackendProbe(name=name, usable=p.usable, detail=p.detail)
+                    for name, p in results
+                ]
+            )
+
+        return await _answer(context, work)
