@@ -93,20 +93,20 @@ def build_registry(
         if "api" in api_holder:
             await api_holder.pop("api").close()
 
-    @kopf.index(*resource, registry=registry)
+    @kopf.index(*resource, id="groups", registry=registry)
     def groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
         # Read by the webhook: the group a pod names, without an API call per admission.
         return {name: {"spec": dict(body.get("spec") or {})}}
 
-    @kopf.on.resume(*resource, registry=registry)
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.update(*resource, field="spec", registry=registry)
+    @kopf.on.resume(*resource, id="put-group", registry=registry)
+    @kopf.on.create(*resource, id="put-group", registry=registry)
+    @kopf.on.update(*resource, id="put-group", field="spec", registry=registry)
     async def put_group(
         name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
     ) -> None:
         await _sync(api(), name, spec, body, patch)
 
-    @kopf.timer(*resource, interval=config.status_interval, registry=registry)
+    @kopf.timer(*resource, id="sync-status", interval=config.status_interval, registry=registry)
     async def sync_status(
         name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
     ) -> None:
@@ -114,7 +114,7 @@ def build_registry(
             return
         await _sync(api(), name, spec, body, patch)
 
-    @kopf.on.delete(*resource, registry=registry)
+    @kopf.on.delete(*resource, id="delete-group", registry=registry)
     async def delete_group(name: str, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         client = api()
         try:
@@ -123,7 +123,11 @@ def build_registry(
             raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
         waited = _seconds_since(body.metadata.get("deletionTimestamp"))
         actions = finalize(
-            name, observed, waited_seconds=waited, timeout_seconds=config.delete_timeout
+            name,
+            observed,
+            waited_seconds=waited,
+            timeout_seconds=config.delete_timeout,
+            poll_seconds=config.status_interval,
         )
         patch.status["phase"] = "Deleting"
         for action in actions:
@@ -147,7 +151,7 @@ def build_registry(
         labels={GROUP_LABEL: kopf.PRESENT},
         registry=registry,
     )
-    def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+    async def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
         groups: kopf.Index[str, Any] = kwargs["groups"]  # the index above, by its name
         # The webhook configuration's namespaceSelector keeps system namespaces out; the
         # pure function skips them again when the object names its namespace.

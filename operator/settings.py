@@ -38,7 +38,8 @@ class OperatorConfig:
     tls: TLSConfig | None = None
     """TLS to the scheduler; None means plaintext."""
     status_interval: float = 10.0
-    """Seconds between status syncs (and drift repairs) of each TimeSliceGroup."""
+    """Seconds between status syncs (and drift repairs) of each TimeSliceGroup, and between
+    looks at a deleted group's holder."""
     delete_timeout: float = 300.0
     """Seconds a holder gets to yield before a group's deletion is forced."""
     rpc_timeout: float = 10.0

@@ -163,7 +163,15 @@ def test_init_containers_get_the_environment_and_the_socket_too() -> None:
         ({"name": "x" * 80}, "x" * 63),
         ({"name": "___"}, "job"),
     ],
-    ids=["deployment", "job", "statefulset", "bare-name", "generate-name", "too-long", "no-letters"],
+    ids=[
+        "deployment",
+        "job",
+        "statefulset",
+        "bare-name",
+        "generate-name",
+        "too-long",
+        "no-letters",
+    ],
 )
 def test_a_missing_job_label_is_derived_from_the_owner_or_the_name(
     metadata: dict[str, Any], job: str
@@ -199,9 +207,11 @@ def test_a_tls_ca_secret_is_mounted_and_named_in_the_environment() -> None:
     container = result["spec"]["containers"][0]
     assert env_of(container)["RLSLICE_TLS_CA"] == "/etc/rlslice/scheduler-ca/ca.crt"
     assert "RLSLICE_TOKEN" not in env_of(container)
-    assert {"name": "rlslice-tls-ca", "mountPath": "/etc/rlslice/scheduler-ca", "readOnly": True} in (
-        container["volumeMounts"]
-    )
+    assert {
+        "name": "rlslice-tls-ca",
+        "mountPath": "/etc/rlslice/scheduler-ca",
+        "readOnly": True,
+    } in (container["volumeMounts"])
     secret_volume = next(v for v in result["spec"]["volumes"] if "secret" in v)
     assert secret_volume["secret"]["secretName"] == "rlslice-ca"
 
