@@ -107,7 +107,8 @@ async def test_an_updated_spec_is_reconciled_into_the_scheduler(
 
     await eventually(updated, what="new lease in the scheduler")
     status = await scheduler_group(scheduler, "rl-a")
-    assert status is not None and status.spec.policy == scheduler_pb2.POLICY_FAIR
+    assert status is not None
+    assert status.spec.policy == scheduler_pb2.POLICY_FAIR
     await eventually(
         lambda: (stored(k8s, "rl-a") or {}).get("status", {}).get("observedGeneration") == 2,
         what="observedGeneration 2",
@@ -242,7 +243,8 @@ async def test_deleting_a_held_group_waits_for_the_holder_to_yield(
     )
     await asyncio.sleep(0.5)  # several delete-handler retries happen meanwhile
     body = stored(k8s, "rl-a")
-    assert body is not None and "rlslice.dev/finalizer" in body["metadata"]["finalizers"]
+    assert body is not None
+    assert "rlslice.dev/finalizer" in body["metadata"]["finalizers"]
     assert await scheduler_group(scheduler, "rl-a") is not None
 
     await release(scheduler, "rl-a", "trainer", lease)

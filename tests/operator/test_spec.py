@@ -51,7 +51,8 @@ def test_an_empty_spec_takes_the_crd_defaults() -> None:
         10.0,
         "cuda",
     )
-    assert spec.jobs == () and spec.node_selector == {}
+    assert spec.jobs == ()
+    assert spec.node_selector == {}
 
 
 @pytest.mark.parametrize(
