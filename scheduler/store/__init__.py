@@ -1,0 +1,18 @@
+"""Where the scheduler keeps state across restarts: `Store` protocol, memory and SQLite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlslice.scheduler.store.base import AgentRecord, Loaded, Store
+from rlslice.scheduler.store.memory import MemoryStore
+from rlslice.scheduler.store.sqlite import SQLiteStore
+
+__all__ = ["AgentRecord", "Loaded", "MemoryStore", "SQLiteStore", "Store", "open_store"]
+
+
+def open_store(spec: str | Path) -> Store:
+    """`"memory"` or a path to a SQLite file (created if missing)."""
+    if str(spec) == "memory":
+        return MemoryStore()
+    return SQLiteStore(spec)

@@ -3,8 +3,10 @@ callers saw (open calls, grants, failures)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -86,3 +88,70 @@ class Driver:
 def new() -> Callable[..., Driver]:
     """Makes a driver over a fresh group named "g" with the given spec fields."""
     return Driver.for_spec
+
+
+# -- a live scheduler on loopback ---------------------------------------------------------
+
+
+@dataclass
+class Live:
+    """A running scheduler and a raw stub to it."""
+
+    running: Any
+    channel: Any
+    stub: Any
+
+    @property
+    def engine(self) -> Any:
+        return self.running.engine
+
+    async def register(self, job: str, group: str = "g", **kw: Any) -> Any:
+        from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+        return await self.stub.Register(pb.RegisterRequest(job=job, group=group, **kw))
+
+    async def acquire(self, job: str, lease: Any, group: str = "g", **kw: Any) -> Any:
+        from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+        request = pb.AcquireRequest(
+            job=job, group=group, lease_id=lease.lease_id, secret=lease.secret
+        )
+        return await self.stub.Acquire(request, **kw)
+
+    async def yield_(self, job: str, lease: Any, group: str = "g") -> Any:
+        from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+        request = pb.YieldRequest(
+            job=job, group=group, lease_id=lease.lease_id, secret=lease.secret
+        )
+        return await self.stub.Yield(request)
+
+    async def group(self, name: str = "g") -> Any:
+        from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+        return await self.stub.GetGroup(pb.GetGroupRequest(group=name))
+
+
+@contextlib.asynccontextmanager
+async def live_scheduler(token: str | None = None, **settings: Any) -> AsyncIterator[Live]:
+    """A scheduler on 127.0.0.1:0 (auto-creating groups unless told otherwise)."""
+    from rlslice._channel import open_channel
+    from rlslice.scheduler import SchedulerSettings, start_scheduler
+    from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+    fields: dict[str, Any] = {"address": "127.0.0.1:0", "auto_create_groups": True}
+    fields.update(settings)
+    running = await start_scheduler(SchedulerSettings(**fields))
+    channel = open_channel(running.address, token=token)
+    try:
+        yield Live(running, channel, scheduler_pb2_grpc.SchedulerStub(channel))
+    finally:
+        await channel.close()
+        await running.stop(0.1)
+
+
+@pytest.fixture
+async def live() -> AsyncIterator[Live]:
+    """A scheduler in auto-create mode with a memory store."""
+    async with live_scheduler() as value:
+        yield value

@@ -1,0 +1,288 @@
+"""The coordinator: executes a group's switch over the node agents.
+
+1. `Status` from every node of the group, in parallel: device memory and where each job is.
+2. Decide evictions (`core.residency.choose_evictions`): the preempted holder always, then
+   resident jobs least recently used first, only while the incoming job does not fit.
+3. `Snapshot` the evicted jobs on every node where they run, in parallel. If any fails,
+   roll back: `Restore` (with the switch's rollback epoch) wherever a snapshot succeeded,
+   so the outgoing job keeps running, and report SnapshotFailed.
+4. `Restore` the incoming job on every node where it is parked, in parallel. A failure is
+   reported as RestoreFailed (the core retries once, then marks the job FAULTED).
+5. Report SwitchDone; the engine grants.
+
+Every call has a deadline; UNAVAILABLE is retried with exponential backoff. A group with no
+agents never reaches here: its switch is a pure lock handoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from rlslice._channel import open_channel
+from rlslice._errors import FailedPreconditionError, RlsliceError, UnavailableError
+from rlslice.config import GroupSpec, TLSConfig
+from rlslice.scheduler.core import GroupState, NodeMemory, Switch, choose_evictions, events
+from rlslice.scheduler.store import AgentRecord
+from rlslice.v1alpha1 import agent_pb2 as apb
+from rlslice.v1alpha1 import agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
+_TRANSPORT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_PARKED = {apb.AGENT_JOB_STATE_PARKED, apb.AGENT_JOB_STATE_FAULTED, apb.AGENT_JOB_STATE_RESTORING}
+
+
+class AgentCallError(Exception):
+    """One agent call failed for good."""
+
+    def __init__(self, node: str, what: str, code: grpc.StatusCode | None, detail: str) -> None:
+        self.node, self.code = node, code
+        name = code.name if code else "UNAVAILABLE"
+        super().__init__(f"node {node}: {what}: {name}: {detail}")
+
+    @property
+    def kind(self) -> type[RlsliceError]:
+        """The error kind a waiter should see."""
+        return (
+            UnavailableError
+            if self.code in _TRANSPORT or self.code is None
+            else (FailedPreconditionError)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Channel:
+    address: str
+    channel: grpc.aio.Channel
+    stub: Any
+
+
+class Coordinator:
+    """Knows the agents and runs switches and releases over them."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        tls: TLSConfig | None = None,
+        rpc_timeout: float = 60.0,
+        status_timeout: float = 5.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.agents: dict[str, AgentRecord] = {}
+        self._token, self._tls = token, tls
+        self._rpc_timeout, self._status_timeout = rpc_timeout, status_timeout
+        self._retries, self._backoff = retries, backoff
+        self._clock = clock
+        self._channels: dict[str, _Channel] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # -- agents -----------------------------------------------------------------------
+
+    def add_agent(self, record: AgentRecord) -> None:
+        """Remember an agent (a re-registration replaces the old record and channel)."""
+        self.agents[record.node] = record
+        old = self._channels.get(record.node)
+        if old is not None and old.address != record.address:
+            del self._channels[record.node]
+            task = asyncio.ensure_future(old.channel.close(None))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
+        """The group's nodes: its spec's `nodes`, or every registered agent when empty."""
+        return spec.nodes if spec.nodes else tuple(sorted(self.agents))
+
+    async def close(self) -> None:
+        """Close every channel."""
+        channels = list(self._channels.values())
+        self._channels.clear()
+        await asyncio.gather(*(c.channel.close(None) for c in channels), *self._closing)
+
+    def _stub(self, node: str) -> Any:
+        record = self.agents.get(node)
+        if record is None:
+            raise AgentCallError(node, "no agent registered", None, "node unknown")
+        cached = self._channels.get(node)
+        if cached is None:
+            channel = open_channel(record.address, tls=self._tls, token=self._token)
+            cached = _Channel(record.address, channel, agent_pb2_grpc.AgentStub(channel))
+            self._channels[node] = cached
+        return cached.stub
+
+    async def _call(self, node: str, method: str, request: Any, timeout: float, what: str) -> Any:
+        """One agent call with a deadline; UNAVAILABLE is retried with exponential backoff."""
+        for attempt in range(self._retries + 1):
+            try:
+                return await getattr(self._stub(node), method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() in _RETRYABLE and attempt < self._retries:
+                    await asyncio.sleep(self._backoff * 2**attempt)
+                    continue
+                raise AgentCallError(node, what, error.code(), error.details() or "") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- switches ---------------------------------------------------------------------
+
+    async def run_switch(self, state: GroupState, switch: Switch) -> events.Event:
+        """Execute `switch` for `state`'s group; the result event for the core."""
+        started = self._clock()
+        spec = state.spec
+        nodes = self.nodes_for(spec)
+        statuses = await self._statuses(nodes)
+        evict = self._evictions(state, switch, nodes, statuses)
+        moved = 0
+
+        snapshots = [
+            (job, node)
+            for job in evict
+            for node in nodes
+            if _needs(statuses.get(node), job, state.name, snapshot=True)
+        ]
+        results = await self._moves("Snapshot", spec, snapshots, switch.epoch)
+        failures = [r for r in results if isinstance(r, AgentCallError)]
+        if failures:
+            done = [
+                (job, node)
+                for (job, node), r in zip(snapshots, results, strict=True)
+                if isinstance(r, apb.MoveResult) and not r.absent
+            ]
+            await self._rollback(spec, done, switch.rollback_epoch)
+            reason = "; ".join(str(f) for f in failures)
+            if done:
+                reason += f" (rolled back on {len(done)} node(s))"
+            return events.SnapshotFailed(switch.epoch, reason, failures[0].kind)
+        moved += sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+
+        restores = [
+            (switch.incoming, node)
+            for node in nodes
+            if _needs(statuses.get(node), switch.incoming, state.name, snapshot=False)
+            or (statuses.get(node) is None and switch.restore)
+        ]
+        results = await self._moves("Restore", spec, restores, switch.epoch)
+        failures = [r for r in results if isinstance(r, AgentCallError)]
+        moved += sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+        if failures:
+            reason = "; ".join(str(f) for f in failures)
+            return events.RestoreFailed(switch.epoch, reason, evict, moved)
+        return events.SwitchDone(switch.epoch, evict, moved, self._clock() - started)
+
+    async def _statuses(self, nodes: tuple[str, ...]) -> dict[str, apb.AgentStatus]:
+        async def one(node: str) -> apb.AgentStatus | None:
+            try:
+                status: apb.AgentStatus = await self._call(
+                    node, "Status", apb.AgentStatusRequest(), self._status_timeout, "status"
+                )
+                return status
+            except AgentCallError as error:
+                log.warning("%s", error)
+                return None
+
+        found = await asyncio.gather(*(one(node) for node in nodes))
+        return {node: s for node, s in zip(nodes, found, strict=True) if s is not None}
+
+    def _evictions(
+        self,
+        state: GroupState,
+        switch: Switch,
+        nodes: tuple[str, ...],
+        statuses: Mapping[str, apb.AgentStatus],
+    ) -> tuple[str, ...]:
+        """Which jobs leave the GPUs. Unknown sizes or silent nodes: evict every candidate."""
+        everyone = (*switch.evict, *(j for j in switch.candidates if j not in switch.evict))
+        record = state.jobs.get(switch.incoming)
+        need: dict[str, int] = {}
+        memory = []
+        for node in nodes:
+            status = statuses.get(node)
+            if status is None:
+                return everyone
+            jobs = {j.job: j for j in status.jobs if j.group == state.name}
+            mine = jobs.get(switch.incoming)
+            if mine is not None and mine.state in _PARKED:
+                need[node] = mine.host_bytes
+            elif record is not None and record.device_bytes:
+                need[node] = record.device_bytes
+            elif mine is None or mine.state != apb.AGENT_JOB_STATE_RUNNING:
+                return everyone  # how much the incoming job needs is unknown
+            free = sum(d.total_bytes - d.used_bytes for d in status.devices)
+            memory.append(NodeMemory(node, free, {j: a.device_bytes for j, a in jobs.items()}))
+        return choose_evictions(
+            need,
+            memory,
+            switch.candidates,
+            must_evict=switch.evict,
+            headroom_bytes=state.spec.headroom_bytes,
+        )
+
+    async def _moves(
+        self, method: str, spec: GroupSpec, pairs: list[tuple[str, str]], epoch: int
+    ) -> list[apb.MoveResult | AgentCallError]:
+        async def one(job: str, node: str) -> apb.MoveResult | AgentCallError:
+            backend = spec.job(job).backend or spec.backend
+            options = dict(spec.backend_options)
+            request: Any
+            if method == "Snapshot":
+                request = apb.SnapshotRequest(
+                    job=job, group=spec.name, epoch=epoch, backend=backend, options=options
+                )
+            else:
+                request = apb.RestoreRequest(
+                    job=job, group=spec.name, epoch=epoch, backend=backend, options=options
+                )
+            what = f"{method.lower()} of job {job}"
+            try:
+                result: apb.MoveResult = await self._call(
+                    node, method, request, self._rpc_timeout, what
+                )
+                return result
+            except AgentCallError as error:
+                return error
+
+        return list(await asyncio.gather(*(one(job, node) for job, node in pairs)))
+
+    async def _rollback(self, spec: GroupSpec, done: list[tuple[str, str]], epoch: int) -> None:
+        """Undo snapshots that succeeded, so the outgoing job runs on everywhere."""
+        results = await self._moves("Restore", spec, done, epoch)
+        for (job, node), result in zip(done, results, strict=True):
+            if isinstance(result, AgentCallError):
+                # The job stays parked there; its next acquire restores it.
+                log.error("rollback of job %s on node %s failed: %s", job, node, result)
+
+    async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
+        """Ask every node of the group to drop `job`'s state (see Agent.Release)."""
+        request = apb.ReleaseRequest(job=job, group=spec.name, force=force)
+
+        async def one(node: str) -> None:
+            try:
+                await self._call(
+                    node, "Release", request, self._status_timeout, f"release of {job}"
+                )
+            except AgentCallError as error:
+                log.warning("%s", error)
+
+        await asyncio.gather(*(one(node) for node in self.nodes_for(spec)))
+
+
+def _needs(status: apb.AgentStatus | None, job: str, group: str, *, snapshot: bool) -> bool:
+    """Whether `job` needs a snapshot (or restore) on the node `status` describes. A node
+    that did not answer Status gets the call anyway for snapshots (it fails or is a no-op)."""
+    if status is None:
+        return snapshot
+    for entry in status.jobs:
+        if entry.job == job and entry.group == group:
+            if snapshot:
+                return entry.state != apb.AGENT_JOB_STATE_PARKED
+            return entry.state in _PARKED
+    return False

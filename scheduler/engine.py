@@ -1,0 +1,470 @@
+"""The engine: drives the pure core for every group, on one asyncio loop.
+
+It owns what the core must not: the clock, asyncio futures for blocked acquires, one timer
+per group set at the group's next deadline (never a polling loop), the lease index, the
+event ring and watchers, persistence after every accepted event, and the coordinator that
+executes switches. It speaks rlslice errors, not gRPC: `service.py` translates.
+
+Every public method runs on the loop thread; `_apply` is synchronous, so a transition, its
+persistence and its actions happen without interleaving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rlslice._errors import (
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnavailableError,
+)
+from rlslice.config import GroupSpec
+from rlslice.scheduler._runtime import EventEntry, GroupRuntime
+from rlslice.scheduler.core import GroupState, actions, deadline, events, new_group, step
+from rlslice.scheduler.core.actions import Kind
+from rlslice.scheduler.core.state import JobRecord, Switch
+from rlslice.scheduler.metrics import SchedulerMetrics
+from rlslice.scheduler.store import AgentRecord, Store
+
+log = logging.getLogger(__name__)
+
+
+class SwitchRunner(Protocol):
+    """What the engine needs from the coordinator."""
+
+    def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
+        """Nodes whose agents take part in the group's switches."""
+        ...
+
+    async def run_switch(self, state: GroupState, switch: Switch) -> events.Event:
+        """Execute a switch; return SwitchDone, SnapshotFailed, SwitchFailed or RestoreFailed."""
+        ...
+
+    async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
+        """Ask the group's agents to drop a job's state."""
+        ...
+
+
+def hash_secret(secret: str) -> str:
+    """The stored form of a lease secret (high-entropy, so a plain SHA-256 suffices)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What Register answers."""
+
+    lease_id: str
+    secret: str
+    lease_seconds: float
+    epoch: int
+
+
+class Engine:
+    """Every group's state and the machinery around it."""
+
+    def __init__(
+        self,
+        store: Store,
+        runner: SwitchRunner,
+        metrics: SchedulerMetrics,
+        *,
+        auto_create_groups: bool = False,
+        ring_size: int = 512,
+        watch_queue_size: int = 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.runner = runner
+        self.metrics = metrics
+        self.auto_create_groups = auto_create_groups
+        self.clock = clock
+        self._ring_size = ring_size
+        self._watch_queue_size = watch_queue_size
+        self.groups: dict[str, GroupRuntime] = {}
+        self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (group, job)
+        self._tickets = itertools.count(1)
+        self._seq = itertools.count(1)
+        self._global_watchers: set[asyncio.Queue[EventEntry | None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        metrics.watch_busy(self._busy_fractions)
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def start(self, initial_groups: tuple[GroupSpec, ...] = ()) -> dict[str, AgentRecord]:
+        """Load the store, resume interrupted switches, create the configured groups."""
+        loaded = await self.store.load()
+        for name, state in loaded.groups.items():
+            runtime = GroupRuntime(state, deque(maxlen=self._ring_size))
+            self.groups[name] = runtime
+            for record in state.jobs.values():
+                self._leases[record.lease_id] = (name, record.name)
+        self.metrics.groups.set(len(self.groups))
+        for spec in initial_groups:
+            self.put_group(spec)
+        return loaded.agents
+
+    def recover(self) -> None:
+        """After the coordinator knows its agents: detach old waiters, resume switches."""
+        for runtime in list(self.groups.values()):
+            self._apply(runtime, events.Recover())
+
+    async def close(self) -> None:
+        """Fail open calls, cancel timers and switch tasks, flush the store."""
+        self._closed = True
+        for runtime in self.groups.values():
+            if runtime.timer is not None:
+                runtime.timer.cancel()
+            for future in runtime.calls.values():
+                if not future.done():
+                    future.set_exception(UnavailableError("scheduler: shutting down"))
+            runtime.calls.clear()
+            for queue in runtime.watchers:
+                _offer(queue, None)
+        for queue in self._global_watchers:
+            _offer(queue, None)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.store.flush()
+
+    # -- requests ---------------------------------------------------------------------
+
+    def register(
+        self,
+        group: str,
+        job: str,
+        lease_seconds: float,
+        priority: int | None,
+        weight: float | None,
+        device_bytes: int,
+    ) -> Registration:
+        """Open a lease for `job` in `group` (created first in auto-create mode)."""
+        runtime = self.groups.get(group)
+        if runtime is None:
+            if not self.auto_create_groups:
+                raise NotFoundError(f"group: {group!r} does not exist")
+            self.put_group(GroupSpec(name=group))
+            runtime = self.groups[group]
+        seconds = lease_seconds or runtime.state.spec.lease_seconds
+        lease_id = secrets.token_hex(12)
+        secret = secrets.token_urlsafe(32)
+        event = events.Register(
+            job, lease_id, hash_secret(secret), seconds, priority, weight, device_bytes
+        )
+        self._apply(runtime, event)
+        self._leases[lease_id] = (group, job)
+        return Registration(lease_id, secret, seconds, runtime.state.epoch)
+
+    def lease(self, lease_id: str, secret: str) -> tuple[GroupRuntime, JobRecord]:
+        """The live lease `lease_id`, once `secret` proves the caller owns it."""
+        owner = self._leases.get(lease_id)
+        runtime = self.groups.get(owner[0]) if owner else None
+        record = runtime.state.jobs.get(owner[1]) if runtime and owner else None
+        if runtime is None or record is None or record.lease_id != lease_id:
+            raise NotFoundError(
+                "lease_id: no live lease with this id (it lapsed, was closed, or never existed)"
+            )
+        if not hmac.compare_digest(record.secret_hash, hash_secret(secret)):
+            raise PermissionDeniedError("secret: does not match the lease")
+        return runtime, record
+
+    def job_lease(
+        self, group: str, job: str, lease_id: str, secret: str
+    ) -> tuple[GroupRuntime, JobRecord]:
+        """Like `lease`, and the lease must be `job`'s in `group`."""
+        if group not in self.groups:
+            raise NotFoundError(f"group: {group!r} does not exist")
+        runtime, record = self.lease(lease_id, secret)
+        if record.name != job:
+            raise PermissionDeniedError(f"lease_id: the lease belongs to another job, not {job!r}")
+        if runtime.state.name != group:
+            raise FailedPreconditionError(
+                f"group: job {job!r} is not registered in group {group!r} under this lease"
+            )
+        return runtime, record
+
+    def keepalive(self, lease_id: str, secret: str) -> tuple[float, bool, float]:
+        """Renew a lease; (ttl, yield requested, seconds before preemption)."""
+        from rlslice.scheduler.core import keepalive_answer
+
+        runtime, record = self.lease(lease_id, secret)
+        self._apply(runtime, events.KeepAlive(record.name))
+        return keepalive_answer(runtime.state, record.name, self.clock())
+
+    def unregister(self, lease_id: str, secret: str) -> None:
+        """Close a lease at once."""
+        runtime, record = self.lease(lease_id, secret)
+        self._apply(runtime, events.Unregister(record.name))
+
+    async def acquire(
+        self, group: str, job: str, lease_id: str, secret: str, phase: str
+    ) -> actions.Grant:
+        """Block until `job` holds `group`. A cancelled caller leaves the queue at once."""
+        runtime, _ = self.job_lease(group, job, lease_id, secret)
+        ticket = next(self._tickets)
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        runtime.calls[ticket] = future
+        try:
+            self._apply(runtime, events.Acquire(job, ticket, phase))
+        except BaseException:
+            runtime.calls.pop(ticket, None)
+            raise
+        if not future.done():
+            try:
+                await future
+            except asyncio.CancelledError:
+                self._abandon(group, job, ticket, future)
+                raise
+        grant = future.result()
+        assert isinstance(grant, actions.Grant)
+        return grant
+
+    def _abandon(self, group: str, job: str, ticket: int, future: asyncio.Future[object]) -> None:
+        """The caller of acquire `ticket` left: take it out of the queue (or give back a grant
+        it will never see)."""
+        runtime = self.groups.get(group)
+        if runtime is None:
+            return
+        runtime.calls.pop(ticket, None)
+        self._apply(runtime, events.Cancel(job, ticket))
+
+    def lost_grant(self, group: str, job: str, epoch: int) -> None:
+        """A grant was decided but its caller went away before reading it: yield for it."""
+        runtime = self.groups.get(group)
+        if runtime and runtime.state.holder == job and runtime.state.epoch == epoch:
+            log.info("job %s left before reading its grant of %s: yielding for it", job, group)
+            self._apply(runtime, events.Yield(job))
+
+    def yield_(self, group: str, job: str, lease_id: str, secret: str) -> actions.Yielded:
+        """Give the group up (holder, or a preempted job acknowledging)."""
+        runtime, _ = self.job_lease(group, job, lease_id, secret)
+        for action in self._apply(runtime, events.Yield(job)):
+            if isinstance(action, actions.Yielded):
+                return action
+        raise AssertionError("a yield transition always answers")  # pragma: no cover
+
+    def put_group(self, spec: GroupSpec) -> GroupState:
+        """Create or replace a group's spec."""
+        runtime = self.groups.get(spec.name)
+        if runtime is not None:
+            self._apply(runtime, events.PutGroup(spec))
+            return runtime.state
+        runtime = GroupRuntime(new_group(spec), deque(maxlen=self._ring_size))
+        self.groups[spec.name] = runtime
+        self.metrics.groups.set(len(self.groups))
+        self.store.save_group(runtime.state)
+        self._record(runtime, actions.Record(Kind.GROUP_PUT))
+        return runtime.state
+
+    def delete_group(self, group: str, force: bool) -> None:
+        """Delete a group; refused while held unless `force`."""
+        runtime = self.group(group)
+        self._apply(runtime, events.DeleteGroup(force))
+
+    def group(self, name: str) -> GroupRuntime:
+        """The runtime of group `name`."""
+        runtime = self.groups.get(name)
+        if runtime is None:
+            raise NotFoundError(f"group: {name!r} does not exist")
+        return runtime
+
+    # -- watching ---------------------------------------------------------------------
+
+    def watch(self, group: str) -> asyncio.Queue[EventEntry | None]:
+        """A queue of the events of `group` ("" for all); None marks the end."""
+        queue: asyncio.Queue[EventEntry | None] = asyncio.Queue(self._watch_queue_size)
+        if group:
+            self.group(group).watchers.add(queue)
+        else:
+            self._global_watchers.add(queue)
+        return queue
+
+    def unwatch(self, group: str, queue: asyncio.Queue[EventEntry | None]) -> None:
+        """Stop delivering to `queue`."""
+        runtime = self.groups.get(group)
+        (runtime.watchers if runtime else self._global_watchers).discard(queue)
+        self._global_watchers.discard(queue)
+
+    def snapshot_entry(self, runtime: GroupRuntime) -> EventEntry:
+        """A SNAPSHOT event for `runtime`'s current state."""
+        s = runtime.state
+        return EventEntry(0, self.clock(), s.name, "snapshot", "", "", 0.0, 0, s)
+
+    # -- the core loop ----------------------------------------------------------------
+
+    def _apply(self, runtime: GroupRuntime, event: events.Event) -> tuple[actions.Action, ...]:
+        """Step the core, persist, execute the actions. Raises (changing nothing) on refusal."""
+        before = runtime.state
+        now = self.clock()
+        transition = step(before, event, now)
+        after = transition.state
+        if after is None:
+            self._drop_group(runtime, transition.actions)
+            return transition.actions
+        if after is not before:
+            runtime.state = after
+            self.store.save_group(after)
+            if len(after.jobs) < len(before.jobs):
+                for name, record in before.jobs.items():
+                    if name not in after.jobs:
+                        self._leases.pop(record.lease_id, None)
+        followups: list[events.Event] = []
+        for action in transition.actions:
+            self._execute(runtime, action, now, followups)
+        if after.holder != before.holder:
+            self.metrics.set_holder(after.name, after.holder)
+        if after.queue is not before.queue:
+            self.metrics.queue_depth.labels(after.name).set(len(after.queue))
+        self._schedule(runtime, now)
+        for followup in followups:
+            if self.groups.get(after.name) is runtime:
+                self._apply(runtime, followup)
+        return transition.actions
+
+    def _execute(
+        self,
+        runtime: GroupRuntime,
+        action: actions.Action,
+        now: float,
+        followups: list[events.Event],
+    ) -> None:
+        name = runtime.state.name
+        if isinstance(action, actions.Grant):
+            self.metrics.acquire_wait.observe(action.waited_seconds)
+            future = runtime.calls.pop(action.ticket, None)
+            if future is not None and not future.done():
+                future.set_result(action)
+        elif isinstance(action, actions.Fail):
+            future = runtime.calls.pop(action.ticket, None)
+            if future is not None and not future.done():
+                future.set_exception(action.kind(action.reason))
+        elif isinstance(action, actions.StartSwitch):
+            if not self.runner.nodes_for(runtime.state.spec):
+                # No agents: nothing to move, the switch is a pure lock handoff.
+                followups.append(events.SwitchDone(action.switch.epoch))
+            else:
+                self._spawn(self._run_switch(runtime, action.switch))
+        elif isinstance(action, actions.ReleaseState):
+            if self.runner.nodes_for(runtime.state.spec):
+                self._spawn(self.runner.release(runtime.state.spec, action.job, action.force))
+        elif isinstance(action, actions.HoldEnded):
+            runtime.busy.add(now - action.seconds, now)
+            self.metrics.held_seconds.labels(name).inc(action.seconds)
+        elif isinstance(action, actions.Preempt):
+            self.metrics.preemptions.labels(name).inc()
+        elif isinstance(action, actions.Record):
+            self._record(runtime, action)
+
+    def _record(self, runtime: GroupRuntime, record: actions.Record) -> None:
+        state = runtime.state
+        if record.kind is Kind.SWITCH_DONE:
+            self.metrics.switch_seconds.observe(record.seconds)
+            self.metrics.moved_bytes.inc(record.bytes)
+            self.metrics.switches.labels(state.name, "done").inc()
+        elif record.kind is Kind.SWITCH_FAILED:
+            self.metrics.switches.labels(state.name, "failed").inc()
+        elif record.kind is Kind.FAULTED:
+            self.metrics.switches.labels(state.name, "faulted").inc()
+        entry = EventEntry(
+            next(self._seq),
+            self.clock(),
+            state.name,
+            record.kind.value,
+            record.job,
+            record.detail,
+            record.seconds,
+            record.bytes,
+            state,
+        )
+        runtime.ring.append(entry)
+        for queue in _chain(runtime.watchers, self._global_watchers):
+            _offer(queue, entry)
+
+    def _drop_group(self, runtime: GroupRuntime, done: tuple[actions.Action, ...]) -> None:
+        name = runtime.state.name
+        followups: list[events.Event] = []
+        for action in done:
+            self._execute(runtime, action, self.clock(), followups)
+        if runtime.timer is not None:
+            runtime.timer.cancel()
+        for record in runtime.state.jobs.values():
+            self._leases.pop(record.lease_id, None)
+        for queue in runtime.watchers:
+            _offer(queue, None)
+        del self.groups[name]
+        self.store.delete_group(name)
+        self.metrics.forget_group(name)
+        self.metrics.groups.set(len(self.groups))
+
+    def _schedule(self, runtime: GroupRuntime, now: float) -> None:
+        """Keep one timer per group at its next deadline. A later deadline keeps the earlier
+        timer (it fires, finds nothing due and re-arms): cheaper than re-arming on every
+        keep-alive."""
+        due = deadline(runtime.state)
+        if due is None or self._closed:
+            return
+        if runtime.timer is not None and runtime.timer_at is not None and runtime.timer_at <= due:
+            return
+        if runtime.timer is not None:
+            runtime.timer.cancel()
+        loop = asyncio.get_running_loop()
+        runtime.timer_at = due
+        runtime.timer = loop.call_at(loop.time() + max(0.0, due - now), self._fire, runtime)
+
+    def _fire(self, runtime: GroupRuntime) -> None:
+        runtime.timer = None
+        runtime.timer_at = None
+        if self.groups.get(runtime.state.name) is runtime:
+            self._apply(runtime, events.Tick())
+
+    async def _run_switch(self, runtime: GroupRuntime, switch: Switch) -> None:
+        try:
+            result = await self.runner.run_switch(runtime.state, switch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a bug in the coordinator must not wedge the group
+            log.exception("switch of group %s failed unexpectedly", runtime.state.name)
+            result = events.SwitchFailed(switch.epoch, f"internal error: {error!r}")
+        if self.groups.get(runtime.state.name) is runtime and not self._closed:
+            self._apply(runtime, result)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _busy_fractions(self) -> Iterator[tuple[str, float]]:
+        now = self.clock()
+        for name, runtime in list(self.groups.items()):
+            holding = runtime.state.holder_since if runtime.state.holder else None
+            yield name, runtime.busy.fraction(now, holding)
+
+
+def _chain(
+    first: set[asyncio.Queue[EventEntry | None]], second: set[asyncio.Queue[EventEntry | None]]
+) -> Iterator[asyncio.Queue[EventEntry | None]]:
+    yield from first
+    yield from second
+
+
+def _offer(queue: asyncio.Queue[EventEntry | None], entry: EventEntry | None) -> None:
+    """Deliver without blocking; a watcher too far behind gets the end marker instead."""
+    try:
+        queue.put_nowait(entry)
+    except asyncio.QueueFull:
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)

@@ -1,0 +1,141 @@
+"""`start_scheduler(settings) -> RunningScheduler`: the one way to run a scheduler.
+
+Used by `rlslice scheduler`, standalone `rlslice up`, the client's testing kit, the demo
+and the operator's deployment. The health service reports NOT_SERVING until the store is
+loaded and interrupted switches are resumed, SERVING after, and NOT_SERVING again while
+stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from rlslice._auth import Role, TokenAuthInterceptor
+from rlslice._channel import SERVER_OPTIONS, add_port
+from rlslice.scheduler.coordinator import Coordinator
+from rlslice.scheduler.engine import Engine
+from rlslice.scheduler.metrics import SchedulerMetrics
+from rlslice.scheduler.service import METHOD_ROLES, SchedulerService
+from rlslice.scheduler.settings import SchedulerSettings
+from rlslice.scheduler.store import open_store
+from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+class RunningScheduler:
+    """A started scheduler. Stop it with `await stop(grace)`."""
+
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        engine: Engine,
+        coordinator: Coordinator,
+        health: HealthServicer,
+        metrics: SchedulerMetrics,
+        address: str,
+        metrics_port: int | None,
+    ) -> None:
+        self.server = server
+        self.engine = engine
+        self.coordinator = coordinator
+        self.metrics = metrics
+        self._health = health
+        self.address = address
+        """`host:port` actually bound (the real port when 0 was asked for)."""
+        self.metrics_port = metrics_port
+        """Port of the Prometheus endpoint, or None when metrics are off."""
+        self._stopped = asyncio.Event()
+        self._stopping = False
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop serving: waiters fail with UNAVAILABLE, calls in flight get `grace` seconds."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.engine.close()
+        await self.server.stop(grace)
+        await self.coordinator.close()
+        await self.engine.store.close()
+        self.metrics.close()
+        self._stopped.set()
+        log.info("scheduler on %s stopped", self.address)
+
+    async def wait_closed(self) -> None:
+        """Return once `stop` has finished."""
+        await self._stopped.wait()
+
+
+async def start_scheduler(settings: SchedulerSettings) -> RunningScheduler:
+    """Load state, resume interrupted switches, bind the port, and serve."""
+    metrics = SchedulerMetrics()
+    coordinator = Coordinator(
+        token=settings.agent_token,
+        tls=settings.agent_tls,
+        rpc_timeout=settings.rpc_timeout_seconds,
+        status_timeout=settings.status_timeout_seconds,
+        retries=settings.agent_retries,
+        backoff=settings.retry_backoff_seconds,
+    )
+    engine = Engine(
+        open_store(settings.store),
+        coordinator,
+        metrics,
+        auto_create_groups=settings.auto_create_groups,
+        ring_size=settings.event_ring_size,
+        watch_queue_size=settings.watch_queue_size,
+    )
+    tokens = {
+        Role.JOB: settings.job_token or "",
+        Role.ADMIN: settings.admin_token or "",
+        Role.AGENT: settings.agent_token or "",
+    }
+    server = grpc.aio.server(
+        interceptors=[TokenAuthInterceptor(tokens, METHOD_ROLES)], options=SERVER_OPTIONS
+    )
+    health = HealthServicer()
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(
+        SchedulerService(engine, coordinator), server
+    )
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    host = settings.address.rsplit(":", 1)[0]
+    port = add_port(server, settings.address, settings.tls)
+    if port == 0:
+        raise OSError(f"address: cannot bind {settings.address}")
+    await server.start()
+    try:
+        for agent in (await engine.start(settings.groups)).values():
+            coordinator.add_agent(agent)
+        metrics.agents.set(len(coordinator.agents))
+        engine.recover()
+        metrics_port = None
+        if settings.metrics_port is not None:
+            metrics_port = metrics.serve(settings.metrics_address, settings.metrics_port)
+    except BaseException:
+        await server.stop(0)
+        raise
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    address = f"{host}:{port}"
+    log.info("scheduler serving on %s (store %s)", address, settings.store)
+    return RunningScheduler(server, engine, coordinator, health, metrics, address, metrics_port)

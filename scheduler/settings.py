@@ -1,0 +1,57 @@
+"""`SchedulerSettings`: everything a scheduler needs to start, as one typed object.
+
+The CLI (`rlslice scheduler`), standalone mode (`rlslice up`), the testing kit and the
+operator's deployment all build one of these and call `start_scheduler(settings)`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlslice.config import GroupSpec, TLSConfig
+
+
+class SchedulerSettings(BaseModel):
+    """How a scheduler listens, where it keeps state, who may call it, how it switches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str = "127.0.0.1:50551"
+    """gRPC listen address, `host:port` (port 0 picks a free one; see `RunningScheduler.address`)."""
+    store: str = "memory"
+    """`memory` (nothing survives a restart) or the path of a SQLite file (created if missing)."""
+    metrics_port: int | None = None
+    """Prometheus HTTP port: None turns metrics serving off, 0 picks a free port."""
+    metrics_address: str = "127.0.0.1"
+    """Address the metrics HTTP server binds."""
+    job_token: str | None = None
+    """Bearer token for job methods (Register, Acquire, Yield, reads); None leaves them open."""
+    admin_token: str | None = None
+    """Bearer token for PutGroup and DeleteGroup; it satisfies every other role too."""
+    agent_token: str | None = None
+    """Bearer token agents present to RegisterAgent, and the scheduler presents to agents."""
+    tls: TLSConfig | None = None
+    """TLS for the scheduler's own port (set `client_ca` for mutual TLS)."""
+    agent_tls: TLSConfig | None = None
+    """TLS for the scheduler's calls to agents (CA to verify them, client cert for mTLS)."""
+    auto_create_groups: bool = False
+    """Register for an unknown group creates it with default settings (standalone mode);
+    otherwise such a Register fails with NOT_FOUND."""
+    groups: tuple[GroupSpec, ...] = ()
+    """Groups created (or replaced) at start."""
+    rpc_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """Deadline of each Snapshot or Restore call to an agent."""
+    status_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
+    """Deadline of each Status and Release call to an agent."""
+    agent_retries: Annotated[int, Field(ge=0, le=20)] = 3
+    """Retries of an agent call that fails with UNAVAILABLE, with exponential backoff."""
+    retry_backoff_seconds: Annotated[float, Field(gt=0, le=60)] = 0.1
+    """First backoff between agent call retries; doubles each retry."""
+    event_ring_size: Annotated[int, Field(ge=1, le=100_000)] = 512
+    """Recent events kept per group for GetEvents and timelines."""
+    watch_queue_size: Annotated[int, Field(ge=1, le=100_000)] = 1024
+    """Events buffered per Watch stream; a watcher that falls further behind is dropped."""
+    shutdown_grace_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
+    """On SIGTERM, seconds calls in flight get to finish."""

@@ -1,0 +1,81 @@
+"""The `Store` protocol: where the scheduler keeps what must survive a restart.
+
+Invariant 6 of DESIGN.md: after a restart the holder, the queue order, the parked set and
+the epochs come back. A store therefore keeps, per group, the whole `GroupState` (spec,
+leases with a *hash* of each secret, holder, queue in order, resident and parked sets,
+faulted jobs, epoch, the switch in flight, held seconds), plus the agents that registered
+and the last event sequence number. `codec.encode_group` / `decode_group` turn a state
+into a JSON-able dict and back; every store uses them, so the shape is defined once.
+
+Contract, for every implementation (memory, SQLite, Kubernetes):
+
+- `load()` is called once, before serving, and returns everything saved.
+- `save_group(state)` is called after every accepted event, on the event loop, in order.
+  It must be cheap and must not block: write at once (SQLite) or record the newest state
+  per group and write it in the background (Kubernetes). The latest call for a group wins.
+- `delete_group(name)` forgets a group; `save_agent` / `delete_agent` keep the agents.
+- `flush()` returns once everything saved so far is durable (a no-op when writes are
+  synchronous). The scheduler awaits it on shutdown.
+- `close()` flushes and releases resources; the store is not used afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from rlslice.scheduler.core import GroupState
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRecord:
+    """A node agent that registered with the scheduler."""
+
+    node: str
+    address: str
+    backends: tuple[str, ...] = ()
+    device_total_bytes: tuple[int, ...] = ()
+    host_available_bytes: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    registered_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """Everything a store returns on start."""
+
+    groups: dict[str, GroupState] = field(default_factory=dict)
+    agents: dict[str, AgentRecord] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Persistence of group states and agents. See the module docstring for the contract."""
+
+    async def load(self) -> Loaded:
+        """Everything saved so far."""
+        ...
+
+    def save_group(self, state: GroupState) -> None:
+        """Record the newest state of a group (cheap; may buffer)."""
+        ...
+
+    def delete_group(self, name: str) -> None:
+        """Forget a group."""
+        ...
+
+    def save_agent(self, agent: AgentRecord) -> None:
+        """Record (or replace) an agent."""
+        ...
+
+    def delete_agent(self, node: str) -> None:
+        """Forget an agent."""
+        ...
+
+    async def flush(self) -> None:
+        """Return once everything saved so far is durable."""
+        ...
+
+    async def close(self) -> None:
+        """Flush and release resources."""
+        ...

@@ -1,0 +1,76 @@
+"""GroupState <-> plain JSON-able dicts, for every store (SQLite rows, Kubernetes objects).
+
+Versioned by `SCHEMA_VERSION`; `decode_group` refuses a newer version rather than guess.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rlslice.config import GroupSpec
+from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
+
+#: Bump when the encoded shape changes incompatibly.
+SCHEMA_VERSION = 1
+
+
+def encode_group(state: GroupState) -> dict[str, Any]:
+    """A JSON-able dict holding everything needed to rebuild `state`."""
+    return {
+        "v": SCHEMA_VERSION,
+        "spec": state.spec.model_dump(mode="json"),
+        "jobs": [asdict(record) for record in state.jobs.values()],
+        "holder": state.holder,
+        "holder_since": state.holder_since,
+        "queue": [asdict(w) for w in state.queue],
+        "resident": list(state.resident),
+        "parked": list(state.parked),
+        "faulted": dict(state.faulted),
+        "epoch": state.epoch,
+        "switch": _encode_switch(state.switch),
+        "yield_requested_at": state.yield_requested_at,
+        "preempted": sorted(state.preempted),
+        "switches": state.switches,
+        "last_switch_seconds": state.last_switch_seconds,
+        "last_switch_at": state.last_switch_at,
+    }
+
+
+def _encode_switch(switch: Switch | None) -> dict[str, Any] | None:
+    if switch is None:
+        return None
+    data = asdict(switch)
+    data["evict"] = list(switch.evict)
+    data["candidates"] = list(switch.candidates)
+    return data
+
+
+def decode_group(data: dict[str, Any]) -> GroupState:
+    """Rebuild a state from `encode_group`'s output. Raises ValueError on a newer schema."""
+    version = data.get("v")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"stored group has schema version {version}, this build reads 1")
+    switch = data["switch"]
+    return GroupState(
+        spec=GroupSpec.model_validate(data["spec"]),
+        jobs={j["name"]: JobRecord(**j) for j in data["jobs"]},
+        holder=data["holder"],
+        holder_since=data["holder_since"],
+        queue=tuple(Waiter(**w) for w in data["queue"]),
+        resident=tuple(data["resident"]),
+        parked=tuple(data["parked"]),
+        faulted=dict(data["faulted"]),
+        epoch=data["epoch"],
+        switch=None
+        if switch is None
+        else Switch(
+            **{**switch, "evict": tuple(switch["evict"]), "candidates": tuple(switch["candidates"])}
+        ),
+        yield_requested_at=data["yield_requested_at"],
+        preempted=frozenset(data["preempted"]),
+        switches=data["switches"],
+        last_switch_seconds=data["last_switch_seconds"],
+        last_switch_at=data["last_switch_at"],
+    )
