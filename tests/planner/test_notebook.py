@@ -24,7 +24,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("planner_notebook_helpers", HERE / "_notebook.py")
-assert _spec and _spec.loader
+assert _spec
+assert _spec.loader
 notebook = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(notebook)
 
@@ -40,7 +41,7 @@ def test_the_fixture_is_the_seed_notebook_after_the_declared_rewrites() -> None:
 
 
 def test_a_notebook_whose_imports_changed_is_refused() -> None:
-    with pytest.raises(AssertionError, match="IPython.display"):
+    with pytest.raises(AssertionError, match=r"IPython\.display"):
         notebook.rewrite("from module_12_pipeline_sim import (\n")
 
 
@@ -66,7 +67,8 @@ def test_every_notebook_cell_runs_and_its_asserts_hold(
     assert "Peak phase: training 50.00 GiB" in printed
     assert "First-order Young interval, seconds: 3600.0" in printed
     assert "Valid record errors: []" in printed
-    assert namespace["drill"].exact_match and not namespace["drill"].broken_match
+    assert namespace["drill"].exact_match
+    assert not namespace["drill"].broken_match
     assert namespace["DURATION"] == 120.0
     results = namespace["results"]
     assert set(results) == {
