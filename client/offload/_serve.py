@@ -1,6 +1,7 @@
 """The workload loop: answer the agent's offload commands over its Unix socket.
 
-Connects to the agent's local socket (`RLSLICE_AGENT_SOCKET`, or `socket_path`), registers
+Connects to the agent's local socket (`socket_path`, `$RLSLICE_AGENT_SOCKET`, or the
+agent's default path), registers
 the calling process with the job (modes, tags, and the port of the job's own inference
 server, if any), opens the `LocalAgent.Workload` stream, says `hello`, and answers every
 OFFLOAD / RESTORE command with the bytes and seconds its offloaders report. Commands run
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -23,13 +24,15 @@ from rlslice._channel import open_channel
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id
 from rlslice.client._backoff import Backoff
+from rlslice.client._local import ENV_AGENT_SOCKET, default_socket_path
 from rlslice.client.offload._http import LocalServer
 from rlslice.client.offload._types import DISCARD, OFFLOAD, Offloader, OffloadResult
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-AGENT_SOCKET_ENV = "RLSLICE_AGENT_SOCKET"
+AGENT_SOCKET_ENV = ENV_AGENT_SOCKET
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
 _MODES = {OFFLOAD: agent_pb2.OFFLOAD_MODE_OFFLOAD, DISCARD: agent_pb2.OFFLOAD_MODE_DISCARD}
 # The agent refused us for good: reconnecting would only repeat the refusal.
 _FATAL = frozenset(
@@ -124,7 +127,8 @@ async def serve_offload(
     """Answer the agent's offload commands until cancelled.
 
     `offloaders`: a `TorchOffloader`, `VllmOffloader`, `SglangOffloader`, or several.
-    `socket_path`: the agent's Unix socket (default: `$RLSLICE_AGENT_SOCKET`).
+    `socket_path`: the agent's Unix socket (default: `$RLSLICE_AGENT_SOCKET`, else the
+    agent's default path).
     `register`: register this process with the agent first (with the modes, tags and the
     local server's port); leave it on unless the process registered itself already.
     """
@@ -132,16 +136,14 @@ async def serve_offload(
     validate_id(group, "group")
     parts = [offloaders] if isinstance(offloaders, Offloader) else list(offloaders)
     offloader = Combined(parts)
-    path = socket_path or os.environ.get(AGENT_SOCKET_ENV, "")
-    if not path:
-        raise InvalidArgumentError(f"socket_path: not given and ${AGENT_SOCKET_ENV} is not set")
+    path = str(socket_path or default_socket_path())
     modes = [_MODES[mode] for mode in sorted(offloader.modes)]
     server = next((p for p in parts if isinstance(p, LocalServer)), None)
     delays = Backoff(initial=0.1, cap=5.0).delays()
     while True:
         try:
             async with open_channel(f"unix:{path}") as channel:
-                stub = agent_pb2_grpc.LocalAgentStub(channel)
+                stub: Any = agent_pb2_grpc.LocalAgentStub(channel)
                 if register:
                     await stub.Register(
                         agent_pb2.LocalRegisterRequest(
@@ -167,7 +169,7 @@ async def serve_offload(
 
 
 async def _stream(
-    stub: agent_pb2_grpc.LocalAgentStub,
+    stub: Any,
     offloader: Offloader,
     job: str,
     group: str,
@@ -183,7 +185,7 @@ async def _stream(
     )
     while True:
         command = await call.read()
-        if command is grpc.aio.EOF:
+        if command is _EOF:
             return
         reply = await answer(offloader, command)
         await call.write(agent_pb2.WorkloadMessage(reply=reply))

@@ -150,7 +150,7 @@ class TorchOffloader:
         if not self._cuda:
             return None
         if device not in streams:
-            stream = torch.cuda.Stream(device)
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
             stream.wait_stream(torch.cuda.current_stream(device))  # pending work first
             streams[device] = stream
         return streams[device]

@@ -341,11 +341,9 @@ class CheckpointMover:
             await self._ops.unlock(pid, deadline=deadline)
 
         restored, failed = await self._each(restore, checkpointed)
-        for error in failed.values():
-            log.error("%s: rollback: %s", self._backend, _reason(error))
-        _, failed = await self._each(unlock, [*restored, *locked])
-        for error in failed.values():
-            log.error("%s: rollback: %s", self._backend, _reason(error))
+        _, unlock_failed = await self._each(unlock, [*restored, *locked])
+        for failure in [*failed.values(), *unlock_failed.values()]:
+            log.error("%s: rollback: %s", self._backend, _reason(failure))
 
     async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
         async with self._job_lock(job):

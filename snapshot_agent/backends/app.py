@@ -43,9 +43,11 @@ DEFAULT_ROLLBACK_SECONDS = 60.0
 
 
 def discard_tags(job: JobHandle) -> tuple[str, ...]:
-    """The `discard_tags` option as a tuple (the agent passes SnapshotRequest.discard_tags)."""
+    """The snapshot's discard tags, plus the `discard_tags` option (comma-separated: a group
+    can drop, say, its KV cache at every snapshot)."""
     raw = job.options.get("discard_tags", "")
-    return tuple(tag.strip() for tag in raw.split(",") if tag.strip())
+    configured = (tag.strip() for tag in raw.split(","))
+    return tuple(dict.fromkeys([*job.discard_tags, *(tag for tag in configured if tag)]))
 
 
 def _tags_for(link: WorkloadLink, wanted: Sequence[str]) -> list[str]:
