@@ -6,8 +6,9 @@ into lanes (`rlslice._trace_export.build_timeline`) and writes, by the suffix of
 `--out`:
 
 - `.json`: a Chrome trace (open it in Perfetto, ui.perfetto.dev, or chrome://tracing);
-- `.png`: a picture, one lane per job, held phases coloured by phase name, waits hatched,
-  switches and snapshot/restore moves on their own lanes, yields and faults marked.
+- `.png`: a picture drawn by the planner's `plot_timeline` (the same style as `rlslice
+  simulate`): one lane per job with its GPU phases (`gpu:<phase>`) and waits, the
+  snapshot/restore lanes, and the switches lane. Instants (yields, faults) are in the trace only.
 
 grpc and matplotlib are imported only when needed, so the pure parts stay light.
 """
@@ -22,20 +23,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from rlslice._trace_export import (
-    MOVES_LANE,
-    SWITCH_LANE,
     Event,
     Timeline,
     build_timeline,
     chrome_trace,
     event_to_dict,
     events_from_json,
+    plot_lanes,
 )
 
 if TYPE_CHECKING:
     from rlslice.v1alpha1 import scheduler_pb2
 
-DEFAULT_SCHEDULER = "127.0.0.1:7070"
+DEFAULT_SCHEDULER = "127.0.0.1:50551"
 SUFFIXES = (".json", ".png")
 
 
@@ -166,104 +166,13 @@ def event_from_proto(message: scheduler_pb2.GroupEvent) -> Event:
     )
 
 
-# Colours by interval category; held phases get a colour per phase name from _PHASES.
-_COLOURS = {"waiting": "#d9d9d9", "switch": "#d62728", "snapshot": "#ff7f0e", "restore": "#2ca02c"}
-_PHASES = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#bcbd22", "#e377c2", "#7f7f7f")
-_MARKERS = {
-    "yielded": "|",
-    "yield_requested": "^",
-    "preempted": "x",
-    "faulted": "X",
-    "failed": "X",
-    "lease_expired": "v",
-    "cancelled": "_",
-}
+def plot_timeline(timeline: Timeline, out: Path) -> Path:
+    """Draw `timeline` to a PNG at `out` with the planner's plotter (one drawing style for
+    simulated and measured timelines): a lane per job, the moves lanes, then the switches."""
+    from rlslice.planner.timeline import plot_timeline as draw
 
-
-def plot_timeline(timeline: Timeline, out: Path, width_inches: float = 12.0) -> None:
-    """Draw `timeline` to a PNG at `out`: one lane per job and per switch lane."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    lanes = list(timeline.lanes)
-    height = 1.2 + 0.45 * max(len(lanes), 1)
-    fig, ax = plt.subplots(figsize=(width_inches, height), dpi=100)
-    try:
-        origin = timeline.start
-        row = {lane: index for index, lane in enumerate(lanes)}
-        phases: dict[str, str] = {}
-        legend: dict[str, str] = {}
-        for interval in timeline.intervals:
-            if interval.category == "held":
-                colour = phases.setdefault(interval.name, _PHASES[len(phases) % len(_PHASES)])
-                label = interval.name
-            elif interval.args.get("outcome") == "failed":
-                colour, label = "#7f0000", "switch failed"
-            else:
-                colour = _COLOURS.get(interval.category, "#7f7f7f")
-                label = interval.category
-            legend.setdefault(label, colour)
-            ax.broken_barh(
-                [(interval.start - origin, max(interval.end - interval.start, 1e-4))],
-                (row[interval.lane] - 0.35, 0.7),
-                facecolors=colour,
-                edgecolor="black" if interval.category == "switch" else "none",
-                linewidth=0.4,
-                hatch="//" if interval.category == "waiting" else None,
-            )
-        for instant in timeline.instants:
-            ax.plot(
-                [instant.time - origin],
-                [row[instant.lane]],
-                marker=_MARKERS.get(instant.name, "."),
-                color="black",
-                markersize=7,
-                linestyle="none",
-            )
-        for interval in timeline.intervals:
-            if interval.category == "switch":  # a thin mark across every lane
-                ax.axvline(interval.start - origin, color="#d62728", linewidth=0.5, alpha=0.4)
-        ax.set_yticks(range(len(lanes)), [_lane_label(lane) for lane in lanes])
-        ax.set_ylim(len(lanes) - 0.5, -0.5)
-        ax.set_xlim(0, max(timeline.end - origin, 1e-3))
-        ax.set_xlabel("seconds since the first event")
-        ax.set_title(f"group {timeline.group}: GPU time by job")
-        ax.grid(axis="x", linewidth=0.3)
-        if legend:
-            marks = sorted({i.name for i in timeline.instants})
-            ax.legend(
-                handles=[Patch(facecolor=c, label=name) for name, c in legend.items()]
-                + [
-                    Line2D(
-                        [],
-                        [],
-                        marker=_MARKERS.get(m, "."),
-                        color="black",
-                        linestyle="none",
-                        label=m,
-                    )
-                    for m in marks
-                ],
-                loc="upper left",
-                bbox_to_anchor=(1.0, 1.0),
-                fontsize="small",
-            )
-        fig.tight_layout()
-        fig.savefig(out, format="png")
-    finally:
-        plt.close(fig)
-
-
-def _lane_label(lane: str) -> str:
-    if lane.startswith(SWITCH_LANE):
-        return lane.replace(SWITCH_LANE, "switches")
-    if lane.startswith(MOVES_LANE):
-        return lane.replace(MOVES_LANE, "moves")
-    return lane
+    lanes, switches = plot_lanes(timeline)
+    return draw(lanes, out, switches=switches, title=f"group {timeline.group}: GPU time by job")
 
 
 __all__ = ["event_from_proto", "fetch_events", "plot_timeline", "write"]

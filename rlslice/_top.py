@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from rlslice.v1alpha1 import scheduler_pb2
 
-DEFAULT_SCHEDULER = "127.0.0.1:7070"
+DEFAULT_SCHEDULER = "127.0.0.1:50551"
 RECENT_SWITCHES = 8
 
 

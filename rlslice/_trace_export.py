@@ -390,3 +390,33 @@ def busy_seconds(timeline: Timeline) -> dict[str, float]:
             job = interval.lane.split(" #", 1)[0]
             totals[job] = totals.get(job, 0.0) + interval.seconds
     return totals
+
+
+#: Planner interval kinds for each interval category (`rlslice.planner.plot_timeline`).
+_PLOT_KINDS = {"held": "gpu", "waiting": "wait", "snapshot": "snapshot", "restore": "restore"}
+
+
+def plot_lanes(
+    timeline: Timeline,
+) -> tuple[list[tuple[str, float, float, str]], list[tuple[float, float]]]:
+    """The timeline as the planner's plotter takes it: `(lane, start, end, kind)` intervals
+    in lane order, seconds from the first event (held -> `gpu:<phase>`, waiting -> `wait`;
+    failed switches -> lane `[switch failed]`), and `(start, end)` of the switches that
+    completed."""
+    origin = timeline.start
+    order = {lane: index for index, lane in enumerate(timeline.lanes)}
+    lanes: list[tuple[str, float, float, str]] = []
+    switches: list[tuple[float, float]] = []
+    for interval in sorted(timeline.intervals, key=lambda i: (order[i.lane], i.start)):
+        start, end = interval.start - origin, interval.end - origin
+        if interval.category == "switch":
+            if interval.args.get("outcome") == "failed":
+                lanes.append(("[switch failed]", start, end, "failed"))
+            else:
+                switches.append((start, end))
+            continue
+        kind = _PLOT_KINDS.get(interval.category, interval.category)
+        if interval.category == "held":
+            kind = f"gpu:{interval.name}"
+        lanes.append((interval.lane, start, end, kind))
+    return lanes, switches

@@ -11,6 +11,7 @@ Case matrix:
 | an interval open at the end | ends at the last event, marked open |
 | an empty log | an empty timeline and a trace with only the process name |
 | not a list / not objects | ValueError naming the place |
+| the recorded log for the PNG | planner plotter lanes: gpu:<phase>, wait, moves, failed switches, switch markers |
 | random logs (hypothesis) | no two intervals of a lane overlap; no two jobs hold at once; intervals within the log; event_to_dict round-trips |
 """
 
@@ -35,6 +36,7 @@ from rlslice._trace_export import (
     event_from_dict,
     event_to_dict,
     events_from_json,
+    plot_lanes,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "events.json"
@@ -260,3 +262,25 @@ def test_an_uncontended_acquire_draws_no_wait() -> None:
     assert [(i.category, i.name, i.start, i.end) for i in intervals] == [
         ("held", "rollout", 1.0, 2.0)
     ]
+
+
+def test_plot_lanes_give_the_planners_plotter_jobs_moves_and_switches() -> None:
+    lanes, switches = plot_lanes(build_timeline(recorded(), "g1"))
+    assert [(round(s, 6), round(e, 6)) for s, e in switches] == [(1.1, 1.6), (3.0, 3.5), (5.0, 5.2)]
+    assert [lane for lane in lanes if lane[0] == "[switch failed]"] == [
+        ("[switch failed]", pytest.approx(4.0), pytest.approx(4.9), "failed")
+    ]
+    actor_a = [(round(s, 6), round(e, 6), k) for lane, s, e, k in lanes if lane == "actor-a"]
+    assert actor_a == [
+        (0.1, 1.1, "gpu:rollout"),
+        (1.7, 3.5, "wait"),
+        (3.5, 4.0, "gpu:rollout"),
+        (5.0, 5.2, "wait"),
+        (5.2, 6.0, "gpu:rollout"),
+    ]
+    assert {k for lane, _, _, k in lanes if lane.startswith(MOVES_LANE)} == {"snapshot", "restore"}
+    seen: list[str] = []
+    for lane, *_ in lanes:
+        if lane not in seen:
+            seen.append(lane)
+    assert seen == ["[switch failed]", MOVES_LANE, f"{MOVES_LANE} #2", "actor-a", "actor-b"]
