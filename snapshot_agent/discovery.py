@@ -1,0 +1,247 @@
+"""Find a job's GPU processes on this node from Kubernetes pods (DaemonSet mode).
+
+The chain: pods on this node with the `rlslice.dev/job` label -> their pod UIDs ->
+processes whose `/proc/<pid>/cgroup` names one of those UIDs -> intersected with the
+processes NVML reports on the GPUs. Every cgroup layout the kubelet makes is understood:
+cgroup v1 and v2, systemd driver (`kubepods-burstable-pod<uid with underscores>.slice`)
+and cgroupfs driver (`/kubepods/burstable/pod<uid>/...`).
+
+A checkpointed process releases the GPU, so NVML no longer lists it; `ProcessDiscovery`
+remembers what it found and keeps a process (by pid and start time, so a reused pid is
+never mistaken for it) while it lives in the same pod, so restore still finds it.
+
+Pure functions over text and plain dicts; the /proc reader takes its root as a parameter
+(a fixture tree in tests, the host's /proc mounted read-only in the DaemonSet), and NVML
+is an injected function returning pids. `list_node_pods` is the thin Kubernetes adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import ssl
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+JOB_LABEL = "rlslice.dev/job"
+GROUP_LABEL = "rlslice.dev/group"
+
+# A pod UID inside a cgroup path: dashes (cgroupfs) or underscores (systemd slices),
+# always right after "pod" at the start of a path component or after a slice prefix.
+_POD_UID = re.compile(
+    r"(?:^|[/-])pod"
+    r"([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+    r"(?:\.slice)?(?=/|$)"
+)
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod of a job on this node."""
+
+    uid: str
+    name: str
+    namespace: str
+    job: str
+    group: str
+
+
+@dataclass(frozen=True)
+class ProcessKey:
+    """A process told apart from a later one that reuses its pid."""
+
+    pid: int
+    start_ticks: int
+    """Field 22 of /proc/<pid>/stat: start time in clock ticks after boot."""
+
+
+@dataclass(frozen=True)
+class DiscoveredJob:
+    """A job's processes on this node."""
+
+    job: str
+    group: str
+    pods: tuple[PodRef, ...]
+    pids: tuple[int, ...]
+    """GPU processes of the job (sorted), including checkpointed ones seen before."""
+
+
+def job_pods(pods: Iterable[Mapping[str, Any]], node: str) -> dict[str, PodRef]:
+    """Pod UID -> PodRef for the live pods on `node` that carry a job label."""
+    found: dict[str, PodRef] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        spec = pod.get("spec") or {}
+        phase = (pod.get("status") or {}).get("phase", "")
+        job = labels.get(JOB_LABEL)
+        uid = meta.get("uid")
+        if not job or not uid or spec.get("nodeName") != node:
+            continue
+        if phase in ("Succeeded", "Failed"):
+            continue
+        found[str(uid)] = PodRef(
+            uid=str(uid),
+            name=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            job=str(job),
+            group=str(labels.get(GROUP_LABEL, "")),
+        )
+    return found
+
+
+def pod_uid_of(cgroup_text: str) -> str | None:
+    """The pod UID named by a /proc/<pid>/cgroup file's contents, dashed, or None.
+
+    None too when the lines name different pods (never the case for a real process).
+    """
+    uids: set[str] = set()
+    for line in cgroup_text.splitlines():
+        # "hierarchy-id:controllers:path"; the path may itself contain ':'.
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for match in _POD_UID.finditer(parts[2]):
+            uids.add(match.group(1).replace("_", "-"))
+    return uids.pop() if len(uids) == 1 else None
+
+
+def start_ticks_of(stat_text: str) -> int | None:
+    """Field 22 (starttime) of a /proc/<pid>/stat line; the command may contain spaces."""
+    _, _, rest = stat_text.rpartition(")")
+    fields = rest.split()
+    # rest starts at field 3 (state); starttime is field 22.
+    try:
+        return int(fields[22 - 3])
+    except (IndexError, ValueError):
+        return None
+
+
+def scan_proc(proc_root: Path) -> dict[ProcessKey, str]:
+    """Every process under `proc_root` that lives in a pod -> its pod UID.
+
+    Processes that vanish while being read, or that cannot be read, are skipped.
+    """
+    found: dict[ProcessKey, str] = {}
+    try:
+        entries = list(proc_root.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            uid = pod_uid_of((entry / "cgroup").read_text())
+            ticks = start_ticks_of((entry / "stat").read_text())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if uid is not None and ticks is not None:
+            found[ProcessKey(int(entry.name), ticks)] = uid
+    return found
+
+
+def match_jobs(
+    pods: Mapping[str, PodRef],
+    processes: Mapping[ProcessKey, str],
+    gpu_pids: Iterable[int],
+    remembered: Mapping[str, frozenset[ProcessKey]] | None = None,
+) -> dict[str, frozenset[ProcessKey]]:
+    """Job -> its GPU processes: in one of the job's pods, and on a GPU now or remembered.
+
+    A remembered process stays only while the same process (pid and start time) still
+    lives in a pod of the same job.
+    """
+    on_gpu = set(gpu_pids)
+    result: dict[str, set[ProcessKey]] = {}
+    for key, uid in processes.items():
+        pod = pods.get(uid)
+        if pod is None:
+            continue
+        kept = key in (remembered or {}).get(pod.job, frozenset())
+        if key.pid in on_gpu or kept:
+            result.setdefault(pod.job, set()).add(key)
+    return {job: frozenset(keys) for job, keys in result.items()}
+
+
+@dataclass
+class ProcessDiscovery:
+    """Discovery with memory: call `refresh()` with the node's pods; read `jobs`."""
+
+    node: str
+    proc_root: Path = Path("/proc")
+    gpu_pids: Callable[[], Iterable[int]] = field(default=lambda: ())
+    """NVML's compute processes on every device (host pids: the agent runs with hostPID)."""
+    _remembered: dict[str, frozenset[ProcessKey]] = field(default_factory=dict)
+    jobs: dict[str, DiscoveredJob] = field(default_factory=dict)
+
+    def refresh(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, DiscoveredJob]:
+        """Rediscover from `pods` (the API's pod list); returns job -> DiscoveredJob."""
+        by_uid = job_pods(pods, self.node)
+        processes = scan_proc(self.proc_root)
+        self._remembered = match_jobs(by_uid, processes, self.gpu_pids(), self._remembered)
+        jobs: dict[str, DiscoveredJob] = {}
+        for job, keys in self._remembered.items():
+            job_pods_here = tuple(
+                sorted(
+                    (p for p in by_uid.values() if p.job == job),
+                    key=lambda p: (p.namespace, p.name),
+                )
+            )
+            jobs[job] = DiscoveredJob(
+                job=job,
+                group=next((p.group for p in job_pods_here if p.group), ""),
+                pods=job_pods_here,
+                pids=tuple(sorted(key.pid for key in keys)),
+            )
+        self.jobs = jobs
+        return jobs
+
+    def pids_of(self, job: str) -> tuple[int, ...]:
+        """The job's processes as last discovered (empty when none)."""
+        found = self.jobs.get(job)
+        return found.pids if found else ()
+
+
+# --- The Kubernetes adapter -------------------------------------------------------------
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def node_pods_url(api_server: str, node: str) -> str:
+    """The list URL for the job-labelled pods scheduled on `node`."""
+    query = urllib.parse.urlencode(
+        {"fieldSelector": f"spec.nodeName={node}", "labelSelector": JOB_LABEL}
+    )
+    return f"{api_server.rstrip('/')}/api/v1/pods?{query}"
+
+
+async def list_node_pods(
+    node: str,
+    *,
+    api_server: str = "https://kubernetes.default.svc",
+    service_account: Path = SERVICE_ACCOUNT,
+    timeout: float = 10.0,
+) -> list[dict[str, Any]]:
+    """The job-labelled pods on `node`, read with the pod's service account.
+
+    Needs `list` on pods (the chart's agent ClusterRole grants it). Runs the request in a
+    thread; the standard library is enough for one GET.
+    """
+    token_file = service_account / "token"
+    ca_file = service_account / "ca.crt"
+
+    def get() -> list[dict[str, Any]]:
+        request = urllib.request.Request(node_pods_url(api_server, node))
+        if token_file.exists():
+            request.add_header("Authorization", f"Bearer {token_file.read_text().strip()}")
+        context = ssl.create_default_context(cafile=str(ca_file) if ca_file.exists() else None)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            body = json.load(response)
+        return list(body.get("items") or [])
+
+    return await asyncio.to_thread(get)
