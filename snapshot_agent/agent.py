@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
 
 from rlslice._auth import Role, TokenAuthInterceptor
 from rlslice._channel import SERVER_OPTIONS, add_port
@@ -49,7 +50,7 @@ class RunningAgent:
     _server: grpc.aio.Server
     _local_server: grpc.aio.Server
     _relay: PeerCredRelay
-    _health: health.aio.HealthServicer
+    _health: HealthServicer
     _metrics_http: object | None = None
 
     async def stop(self, grace: float | None = 1.0) -> None:
@@ -96,7 +97,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
     )
     await engine.start()
 
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor({Role.AGENT: settings.token or ""}, METHOD_ROLES)],
         options=SERVER_OPTIONS,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -294,8 +295,8 @@ class AgentEngine:
         log.info("job %s: dropped (%d parked bytes freed)", entry.record.job, freed)
         return freed
 
-    def _spawn(self, work: object) -> asyncio.Task[object]:
-        task: asyncio.Task[object] = asyncio.ensure_future(work)  # type: ignore[arg-type]
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 
 _MODES = {agent_pb2.OFFLOAD_MODE_OFFLOAD: "offload", agent_pb2.OFFLOAD_MODE_DISCARD: "discard"}
+_EOF: object = grpc.aio.EOF  # type: ignore[attr-defined]
 _SERVER_KINDS = ("vllm", "sglang")
 _MAX_TAGS = 64
 
@@ -164,11 +165,11 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
         log.info("job %s: registered pid %d (group %s)", request.job, ref.pid, request.group)
         return agent_pb2.LocalRegisterResponse(pid=ref.pid, node=self._engine.node, backend=backend)
 
-    async def Workload(self, request_iterator: Any, context: Context) -> Any:
+    async def Workload(self, request_iterator: Any, context: Context) -> None:  # type: ignore[override]
         try:
             ref = self._caller(context)
             first = await context.read()
-            if first is grpc.aio.EOF or not first.HasField("hello"):
+            if first is _EOF or not first.HasField("hello"):
                 raise InvalidArgumentError("hello: the first message must carry hello")
             hello = first.hello
             modes, tags = _modes(hello.modes), _tags(hello.tags)
@@ -190,7 +191,7 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
 
     async def _read_replies(self, context: Context, link: StreamWorkload) -> None:
         try:
-            while (message := await context.read()) is not grpc.aio.EOF:
+            while (message := await context.read()) is not _EOF:
                 if message.HasField("reply"):
                     link.answer(message.reply)
         finally:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -68,7 +69,7 @@ class SchedulerLink:
 
     async def _run(self) -> None:
         channel = open_channel(self._address, tls=self._tls, token=self._token)
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
         delay = self._initial
         try:
             while True:
@@ -97,7 +98,7 @@ class SchedulerLink:
                 )
                 await self._until_reconnected(channel)
         finally:
-            await channel.close()
+            await channel.close(None)
 
     @staticmethod
     async def _until_reconnected(channel: grpc.aio.Channel) -> None:

@@ -50,7 +50,7 @@ async def _answer(context: Context, work: Callable[[], Awaitable[T]]) -> T:
 
 
 def _timeout(context: Context) -> float:
-    remaining = context.time_remaining()
+    remaining: float | None = context.time_remaining()  # None: the caller set no deadline
     if remaining is None:
         return DEFAULT_TIMEOUT
     return max(0.0, remaining - 0.05)  # leave time to send the answer

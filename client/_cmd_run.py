@@ -1,0 +1,139 @@
+"""`rlslice run --job J --group G -- CMD...`: run a command as a job registered with the
+node's snapshot agent.
+
+The wrapper forks; the child registers itself with the agent (its pid is read from the
+socket's peer credentials), sets the job's environment, then execs CMD under the same pid,
+so CMD is registered before it runs a line. The parent waits, forwards signals (those a
+terminal sends to the whole process group reach CMD directly and are not sent twice), and
+exits with CMD's status (128 + N when CMD died of signal N).
+
+Environment given to CMD: RLSLICE_JOB, RLSLICE_GROUP, RLSLICE_AGENT_SOCKET,
+RLSLICE_AGENT_REGISTERED=1, RLSLICE_NODE (the agent's node name), and RLSLICE_SCHEDULER
+when --scheduler is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+ENV_JOB = "RLSLICE_JOB"
+ENV_GROUP = "RLSLICE_GROUP"
+ENV_SCHEDULER = "RLSLICE_SCHEDULER"
+ENV_AGENT_SOCKET = "RLSLICE_AGENT_SOCKET"
+ENV_AGENT_REGISTERED = "RLSLICE_AGENT_REGISTERED"
+ENV_NODE = "RLSLICE_NODE"
+
+# Signals passed on to CMD. SIGCHLD is waited for alongside them.
+_FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+_SI_KERNEL = 0x80  # si_code of a signal the kernel (a terminal) sent: CMD already has it
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--job", default=os.environ.get(ENV_JOB), help="job id ($RLSLICE_JOB)")
+    parser.add_argument(
+        "--group", default=os.environ.get(ENV_GROUP), help="group id ($RLSLICE_GROUP)"
+    )
+    parser.add_argument(
+        "--agent-socket",
+        default=None,
+        help="the agent's Unix socket ($RLSLICE_AGENT_SOCKET, else the agent's default)",
+    )
+    parser.add_argument("--scheduler", default=None, help="scheduler address for the job's client")
+    parser.add_argument("--backend", default="", help="backend to ask for (default: the group's)")
+    parser.add_argument(
+        "--no-register",
+        action="store_true",
+        help="do not register with an agent (the job cannot be snapshotted)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+
+    from rlslice._errors import InvalidArgumentError
+    from rlslice._ids import validate_id
+    from rlslice.client._local import default_socket_path
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print(
+            "rlslice run: no command given (rlslice run --job J --group G -- CMD)", file=sys.stderr
+        )
+        return 2
+    try:
+        job = validate_id(args.job or "", "job")
+        group = validate_id(args.group or "", "group")
+    except InvalidArgumentError as error:
+        print(f"rlslice run: {error}", file=sys.stderr)
+        return 2
+    socket_path = str(args.agent_socket or default_socket_path())
+
+    forwarded = {getattr(signal, name) for name in _FORWARDED}
+    watched = forwarded | {signal.SIGCHLD}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    pid = os.fork()
+    if pid == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _child(job, group, socket_path, args, command)  # never returns
+    return _wait(pid, forwarded)
+
+
+def _child(
+    job: str, group: str, socket_path: str, args: argparse.Namespace, command: list[str]
+) -> None:
+    import sys
+
+    env = dict(os.environ)
+    env.update({ENV_JOB: job, ENV_GROUP: group, ENV_AGENT_SOCKET: socket_path})
+    if args.scheduler:
+        env[ENV_SCHEDULER] = args.scheduler
+    try:
+        if not args.no_register:
+            from rlslice._errors import RlsliceError
+            from rlslice.client._local import register_with_agent
+
+            try:
+                registration = register_with_agent(socket_path, job, group, backend=args.backend)
+            except (RlsliceError, ValueError) as error:
+                print(
+                    f"rlslice run: cannot register with the agent at {socket_path}: {error} "
+                    "(is `rlslice agent` or `rlslice up` running? --no-register skips this)",
+                    file=sys.stderr,
+                )
+                sys.stderr.flush()
+                os._exit(1)
+            env[ENV_AGENT_REGISTERED] = "1"
+            env[ENV_NODE] = registration.node
+        sys.stdout.flush()
+        os.execvpe(command[0], command, env)
+    except OSError as error:
+        print(f"rlslice run: {command[0]}: {error.strerror}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(127 if isinstance(error, FileNotFoundError) else 126)
+    os._exit(1)  # pragma: no cover
+
+
+def _wait(pid: int, forwarded: set[int]) -> int:
+    import signal
+
+    watched = forwarded | {signal.SIGCHLD}
+    while True:
+        info = signal.sigwaitinfo(watched)
+        if info.si_signo == signal.SIGCHLD:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                if os.WIFSIGNALED(status):
+                    return 128 + os.WTERMSIG(status)
+                return os.WEXITSTATUS(status)
+            continue
+        if info.si_code == _SI_KERNEL and info.si_signo != signal.SIGTERM:
+            continue  # typed at the terminal: the whole process group got it
+        try:
+            os.kill(pid, info.si_signo)
+        except ProcessLookupError:
+            pass
