@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONSAFEPATH := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv test lint typecheck pytest demo proto bench clean
+.PHONY: venv test lint typecheck pytest demo proto bench clean tools
 
 venv: $(STAMP)
 
@@ -29,7 +29,11 @@ typecheck: venv
 	$(BIN)/mypy
 	cd .typecheck && ../$(BIN)/lint-imports --config ../pyproject.toml --no-cache
 
-pytest: venv
+# helm and kubectl for the chart tests, into .tools/bin (idempotent).
+tools: venv
+	$(BIN)/python tools/fetch_helm.py
+
+pytest: venv tools
 	$(BIN)/pytest -q -p no:randomly
 
 demo: venv
