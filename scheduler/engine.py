@@ -109,6 +109,8 @@ class Engine:
         for name, state in loaded.groups.items():
             runtime = GroupRuntime(state, deque(maxlen=self._ring_size))
             self.groups[name] = runtime
+            self.metrics.queue_depth.labels(name).set(len(state.queue))
+            self.metrics.set_holder(name, state.holder)
             for record in state.jobs.values():
                 self._leases[record.lease_id] = (name, record.name)
         self.metrics.groups.set(len(self.groups))
@@ -265,6 +267,7 @@ class Engine:
         runtime = GroupRuntime(new_group(spec), deque(maxlen=self._ring_size))
         self.groups[spec.name] = runtime
         self.metrics.groups.set(len(self.groups))
+        self.metrics.queue_depth.labels(spec.name).set(0)
         self.store.save_group(runtime.state)
         self._record(runtime, actions.Record(Kind.GROUP_PUT))
         return runtime.state

@@ -146,8 +146,8 @@ async def live_scheduler(token: str | None = None, **settings: Any) -> AsyncIter
     try:
         yield Live(running, channel, scheduler_pb2_grpc.SchedulerStub(channel))
     finally:
-        await channel.close()
         await running.stop(0.1)
+        await channel.close()
 
 
 @pytest.fixture
@@ -155,3 +155,9 @@ async def live() -> AsyncIterator[Live]:
     """A scheduler in auto-create mode with a memory store."""
     async with live_scheduler() as value:
         yield value
+
+
+@pytest.fixture
+def start_live() -> Callable[..., contextlib.AbstractAsyncContextManager[Live]]:
+    """`async with start_live(**settings) as live:` for tests that need their own settings."""
+    return live_scheduler

@@ -1,0 +1,167 @@
+"""Tokens, restarts, metrics and max-hold preemption, against live schedulers.
+
+Cases: with tokens set, a call without a token is UNAUTHENTICATED, a job token cannot put
+groups or register agents (PERMISSION_DENIED), the admin and agent tokens can, health needs
+none, and refusals change nothing; a scheduler restarted on the same SQLite file has the
+same holder, queue order, parked set and epoch, the holder's lease still works and a
+waiter that calls again rejoins in place; two schedulers in one process each serve their
+own metrics; a holder past max_hold is asked to yield through KeepAlive, then preempted,
+its late Yield is accepted and its next Acquire works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rlslice._channel import open_channel
+from rlslice.config import GroupSpec
+from rlslice.v1alpha1 import scheduler_pb2 as pb
+from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+if TYPE_CHECKING:
+    from conftest import Live
+
+TOKENS = {"job_token": "job-secret", "admin_token": "admin-secret", "agent_token": "agent-secret"}
+
+
+async def _code(call: Any) -> grpc.StatusCode:
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize(
+    ("token", "method", "message", "expected"),
+    [
+        (None, "Register", pb.RegisterRequest(job="a", group="g"), grpc.StatusCode.UNAUTHENTICATED),
+        ("wrong", "Register", pb.RegisterRequest(job="a", group="g"), grpc.StatusCode.UNAUTHENTICATED),
+        ("job-secret", "PutGroup", pb.PutGroupRequest(spec=pb.GroupSpec(name="h")), grpc.StatusCode.PERMISSION_DENIED),
+        ("job-secret", "DeleteGroup", pb.DeleteGroupRequest(group="g"), grpc.StatusCode.PERMISSION_DENIED),
+        ("job-secret", "RegisterAgent", pb.RegisterAgentRequest(node="n1", address="127.0.0.1:9"), grpc.StatusCode.PERMISSION_DENIED),
+        ("agent-secret", "PutGroup", pb.PutGroupRequest(spec=pb.GroupSpec(name="h")), grpc.StatusCode.PERMISSION_DENIED),
+        ("admin-secret", "PutGroup", pb.PutGroupRequest(spec=pb.GroupSpec(name="h")), grpc.StatusCode.OK),
+        ("agent-secret", "RegisterAgent", pb.RegisterAgentRequest(node="n1", address="127.0.0.1:9"), grpc.StatusCode.OK),
+        ("job-secret", "Register", pb.RegisterRequest(job="a", group="g"), grpc.StatusCode.OK),
+        ("admin-secret", "Register", pb.RegisterRequest(job="a", group="g"), grpc.StatusCode.OK),
+    ],
+)  # fmt: skip
+async def test_token_roles_are_enforced_and_refusals_change_nothing(
+    start_live: Callable[..., Any],
+    token: str | None,
+    method: str,
+    message: Any,
+    expected: grpc.StatusCode,
+) -> None:
+    async with start_live(**TOKENS) as live:
+        live.engine.put_group(GroupSpec(name="g"))
+        before = dict(live.engine.groups)
+        states = {name: r.state for name, r in before.items()}
+        async with open_channel(live.running.address, token=token) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            assert await _code(getattr(stub, method)(message)) == expected
+            health = health_pb2_grpc.HealthStub(channel)
+            assert (await health.Check(health_pb2.HealthCheckRequest())).status == 1
+        if expected != grpc.StatusCode.OK:
+            assert {n: r.state for n, r in live.engine.groups.items()} == states
+            assert live.running.coordinator.agents == {}
+
+
+async def test_a_restart_on_the_same_file_keeps_holder_queue_parked_and_epoch(
+    start_live: Callable[..., Any], tmp_path: Path
+) -> None:
+    path = str(tmp_path / "state.db")
+    async with start_live(store=path) as live:
+        leases = {job: await live.register(job) for job in "abcd"}
+        await live.acquire("b", leases["b"])
+        waiting_d = asyncio.ensure_future(live.acquire("d", leases["d"]))
+        await asyncio.sleep(0.05)
+        await live.yield_("b", leases["b"])
+        await waiting_d
+        await live.yield_("d", leases["d"])
+        await live.acquire("a", leases["a"])
+        calls = [asyncio.ensure_future(live.acquire(job, leases[job])) for job in "cb"]
+        await asyncio.sleep(0.05)
+        before = await live.group()
+        assert before.holder == "a"
+        assert list(before.queue) == ["c", "b"]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    async with start_live(store=path) as live:
+        after = await live.group()
+        assert after.holder == before.holder
+        assert list(after.queue) == list(before.queue)
+        assert list(after.parked) == list(before.parked)
+        assert list(after.resident) == list(before.resident)
+        assert after.epoch == before.epoch
+        # b calls again: it keeps its place behind c, who has not come back yet.
+        waiting_b = asyncio.ensure_future(live.acquire("b", leases["b"]))
+        await asyncio.sleep(0.05)
+        assert list((await live.group()).queue) == ["c", "b"]
+        answer = await live.yield_("a", leases["a"])  # the old lease still proves a
+        assert answer.waiters == 1
+        grant = await asyncio.wait_for(waiting_b, 5)
+        assert grant.epoch > before.epoch
+
+
+async def test_each_scheduler_serves_its_own_metrics(start_live: Callable[..., Any]) -> None:
+    async with start_live(metrics_port=0) as one, start_live(metrics_port=0) as two:
+        lease = await one.register("a")
+        await one.acquire("a", lease)
+        await one.yield_("a", lease)
+        texts = [
+            await asyncio.to_thread(_get, f"http://127.0.0.1:{live.running.metrics_port}/metrics")
+            for live in (one, two)
+        ]
+    assert "rlslice_scheduler_acquire_wait_seconds_count 1.0" in texts[0]
+    assert "rlslice_scheduler_acquire_wait_seconds_count 0.0" in texts[1]
+    for name in (
+        "rlslice_scheduler_switch_seconds",
+        "rlslice_scheduler_moved_bytes_total",
+        'rlslice_scheduler_queue_depth{group="g"}',
+        'rlslice_scheduler_held_seconds_total{group="g"}',
+        'rlslice_scheduler_switches_total{group="g",outcome="done"}',
+        'rlslice_scheduler_busy_fraction{group="g"}',
+    ):
+        assert name in texts[0], name
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+async def test_a_holder_past_max_hold_is_asked_to_yield_then_preempted(live: Live) -> None:
+    live.engine.put_group(GroupSpec(name="g", max_hold_seconds=0.2, yield_grace_seconds=0.3))
+    a = await live.register("a")
+    b = await live.register("b")
+    await live.acquire("a", a)
+    waiting = asyncio.ensure_future(live.acquire("b", b))
+    await asyncio.sleep(0.3)
+    keep = pb.KeepAliveRequest(lease_id=a.lease_id, secret=a.secret)
+    answer = await live.stub.KeepAlive(keep)
+    assert answer.yield_requested is True
+    assert 0 < answer.preempt_in_seconds <= 0.3
+    grant = await asyncio.wait_for(waiting, 5)
+    assert grant.job == "b"
+    assert (await live.stub.KeepAlive(keep)).yield_requested is True
+    late = await live.yield_("a", a)  # a believed it held: its yield is accepted
+    assert late.snapshot_deferred is False
+    again = asyncio.ensure_future(live.acquire("a", a))
+    await asyncio.sleep(0.05)
+    await live.yield_("b", b)
+    assert (await asyncio.wait_for(again, 5)).job == "a"
+    kinds = [e.kind for e in (await live.stub.GetEvents(pb.GetEventsRequest(group="g"))).events]
+    assert pb.EVENT_KIND_YIELD_REQUESTED in kinds
+    assert pb.EVENT_KIND_PREEMPTED in kinds
