@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +141,12 @@ class Coordinator:
         nodes = self.nodes_for(spec)
         statuses = await self._statuses(nodes)
         evict = self._evictions(state, switch, nodes, statuses)
+        # A switch resumed after a restart finds some jobs parked already: evicted all the same.
+        evict += tuple(
+            job
+            for job in (*switch.evict, *switch.candidates)
+            if job not in evict and _parked_somewhere(statuses.values(), job, state.name)
+        )
         moved = 0
 
         snapshots = [
@@ -286,3 +292,11 @@ def _needs(status: apb.AgentStatus | None, job: str, group: str, *, snapshot: bo
                 return entry.state != apb.AGENT_JOB_STATE_PARKED
             return entry.state in _PARKED
     return False
+
+
+def _parked_somewhere(statuses: Iterable[apb.AgentStatus], job: str, group: str) -> bool:
+    return any(
+        entry.job == job and entry.group == group and entry.state == apb.AGENT_JOB_STATE_PARKED
+        for status in statuses
+        for entry in status.jobs
+    )
