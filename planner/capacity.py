@@ -224,6 +224,18 @@ def _gib(where: str, data: Mapping[str, object], key: str, default: float | None
     return round(_checks.real(f"{where}.{key}", data.get(key, default), minimum=0) * BYTES_PER_GIB)
 
 
+_KV_FIELDS = frozenset(
+    {
+        "num_sequences",
+        "tokens_per_sequence",
+        "num_layers",
+        "num_kv_heads",
+        "head_dim",
+        "element_bytes",
+    }
+)
+
+
 def _job_phases(where: str, job: Mapping[str, object]) -> dict[str, tuple[int, ...]]:
     """Whole-job bytes per phase: rollout, training, weight publication (or explicit GiB)."""
     explicit = job.get("phases_gib")
@@ -251,6 +263,11 @@ def _job_phases(where: str, job: Mapping[str, object]) -> dict[str, tuple[int, .
     kv_spec = job.get("kv_cache", {})
     if not isinstance(kv_spec, Mapping):
         raise InvalidArgumentError(f"{where}.kv_cache must be a mapping")
+    unknown = sorted(set(kv_spec) - _KV_FIELDS)
+    if unknown or (kv_spec and set(kv_spec) != _KV_FIELDS):
+        raise InvalidArgumentError(
+            f"{where}.kv_cache needs exactly {', '.join(sorted(_KV_FIELDS))}; got {', '.join(sorted(kv_spec))}"
+        )
     kv = kv_cache_bytes(**kv_spec) if kv_spec else 0
     activations = _gib(where, job, "activations_gib", 0.0)
     buffers = _gib(where, job, "buffers_gib", 0.0)

@@ -134,12 +134,13 @@ def plot_timeline(
     used = sorted({i.kind.split(":", 1)[0] for i in intervals} | ({"switch"} if marks else set()))
     axes.legend(
         handles=[Patch(color=colours[kind], label=kind) for kind in used],
-        loc="upper right",
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
         fontsize="small",
-        ncol=len(used) or 1,
+        frameon=False,
     )
     figure.tight_layout()
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, dpi=110)
+    figure.savefig(target, dpi=110, bbox_inches="tight")
     return target
