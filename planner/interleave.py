@@ -371,6 +371,12 @@ def _validate_jobs(jobs: Sequence[JobProfile], gpu_bytes: int) -> tuple[JobProfi
     return tuple(jobs)
 
 
+def _slowdown(alone: float, shared: float) -> float:
+    if alone <= 0:
+        return 1.0  # the job had not started by the horizon
+    return alone / shared if shared > 0 else float("inf")
+
+
 def simulate_interleaving(
     jobs: Sequence[JobProfile],
     *,
@@ -420,11 +426,7 @@ def simulate_interleaving(
                 dedicated_busy_fraction=gpu / horizon,
                 sliced_gpu_seconds=state.gpu_seconds,
                 wait_seconds=state.wait_seconds,
-                slowdown=(
-                    active_dedicated / state.active_seconds
-                    if state.active_seconds
-                    else float("inf")
-                ),
+                slowdown=_slowdown(active_dedicated, state.active_seconds),
             )
         )
     return InterleaveResult(
