@@ -85,22 +85,22 @@ async def scheduler_for_tests(
 ) -> AsyncIterator[TestScheduler]:
     """Run a scheduler on `127.0.0.1:0` for the duration of the block.
 
-    `groups` are created before the block starts (others are created on first use).
-    Keyword arguments override fields of `rlslice.scheduler.SchedulerSettings`
-    (`store="sqlite"` with a path, `address="127.0.0.1:PORT"` to restart on one port, ...).
+    `groups` (names or `GroupSpec`s) exist from the start; others are created on first
+    use. Keyword arguments override fields of `rlslice.scheduler.SchedulerSettings`
+    (`store=PATH` for SQLite, `address="127.0.0.1:PORT"` to restart on one port, ...).
     """
     from rlslice.scheduler import SchedulerSettings, start_scheduler
 
+    specs = tuple(GroupSpec(name=g) if isinstance(g, str) else g for g in groups)
     fields: dict[str, Any] = {"address": "127.0.0.1:0", "store": "memory"}
     fields["auto_create_groups"] = True
     fields.update(settings)
+    fields["groups"] = (*fields.get("groups", ()), *specs)
     config = SchedulerSettings(**fields)
     started = start_scheduler(config)
     running: RunningScheduler = await started if inspect.isawaitable(started) else started
     sched = TestScheduler(running, _admin_token(config))
     try:
-        for group in groups:
-            await sched.put_group(group)
         yield sched
     finally:
         await sched.stop()

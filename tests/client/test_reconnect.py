@@ -1,0 +1,94 @@
+"""The client survives a scheduler restart on the same port.
+
+Cases:
+- SQLite store: a waiter's acquire, interrupted by the restart, is issued again and keeps
+  its place; the holder's yield after the restart hands the group over;
+- in-memory store: the restarted scheduler forgot every lease; the next acquire registers
+  again and is granted, and the keep-alive registers a lease again by itself;
+- a phase whose lease was lost during the block does not yield someone else's grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from rlslice.client import AsyncClient
+from rlslice.client.testing import TestScheduler, scheduler_for_tests
+
+from .conftest import eventually
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_waiter_survives_a_restart_with_a_sqlite_store(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    store = {"store": str(tmp_path / "state.db")}
+    async with scheduler_for_tests(groups=["gpus"], address=address, **store) as first:
+        a = AsyncClient(job="a", group="gpus", scheduler=address, lease_seconds=30)
+        b = AsyncClient(job="b", group="gpus", scheduler=address, lease_seconds=30)
+        held = await a.acquire()
+        waiting = asyncio.create_task(b.acquire())
+        await eventually(first, "gpus", lambda s: list(s.queue) == ["b"])
+    assert not waiting.done()  # the scheduler is gone; b keeps trying
+    async with scheduler_for_tests(address=address, **store) as second:
+        status = await eventually(second, "gpus", lambda s: list(s.queue) == ["b"])
+        assert status.holder == "a"
+        await a.yield_()
+        granted = await asyncio.wait_for(waiting, 10)
+        assert granted.job == "b"
+        assert granted.epoch > held.epoch
+        await a.close()
+        await b.close()
+
+
+async def test_after_a_restart_with_a_memory_store_the_job_registers_again() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with scheduler_for_tests(groups=["gpus"], address=address):
+        client = AsyncClient(job="a", group="gpus", scheduler=address, lease_seconds=30)
+        await client.acquire()
+        await client.yield_()
+    async with scheduler_for_tests(address=address) as second:
+        grant = await client.acquire(timeout=10)
+        assert grant.job == "a"
+        assert (await second.group("gpus")).holder == "a"
+        await client.yield_()
+        await client.close()
+
+
+async def test_the_keep_alive_registers_a_forgotten_lease_again() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with scheduler_for_tests(groups=["gpus"], address=address):
+        client = AsyncClient(job="a", group="gpus", scheduler=address, lease_seconds=1)
+        await client.acquire()
+        await client.yield_()
+    async with scheduler_for_tests(groups=["gpus"], address=address) as second:
+        status = await eventually(second, "gpus", lambda s: [j.job for j in s.jobs] == ["a"])
+        assert status.holder == ""
+        await client.close()
+
+
+async def test_a_phase_that_lost_its_lease_does_not_yield(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with scheduler_for_tests(groups=["gpus"], address=address):
+        client = AsyncClient(job="a", group="gpus", scheduler=address, lease_seconds=1)
+        phase = client.phase("train")
+        await phase.__aenter__()
+    second: TestScheduler
+    async with scheduler_for_tests(address=address) as second:
+        async with AsyncClient(job="b", group="gpus", scheduler=address) as other:
+            await other.acquire(timeout=10)  # the new scheduler never knew a held it
+            await eventually(second, "gpus", lambda s: len(s.jobs) == 2)  # a registered again
+            await phase.__aexit__(None, None, None)
+            assert "lost group 'gpus'" in caplog.text
+            assert (await second.group("gpus")).holder == "b"
+        await client.close()
