@@ -1,0 +1,181 @@
+"""`rlslice bench handoff`: what a lock costs, next to a bare gRPC round trip, in one run.
+
+The scheduler runs in a subprocess (`rlslice scheduler` on 127.0.0.1, memory store, no
+agents) so it has its own interpreter, as in production; `--in-process` runs it on the
+bench's own event loop instead. The bench then measures, over raw stubs on one channel:
+
+- bare: a health Check round trip;
+- acquire: an uncontended Acquire of a resident job (and Acquire+Yield);
+- handoff: job A yields while job B's Acquire is blocked; the time from sending A's Yield
+  to B's Acquire returning.
+
+Targets (2-core machine): acquire p99 <= 2x bare p99; handoff p99 <= 5x bare p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+ACQUIRE_TARGET = 2.0
+HANDOFF_TARGET = 5.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iterations", type=int, default=2000, help="samples per measurement")
+    parser.add_argument("--handoffs", type=int, default=1000, help="handoff samples")
+    parser.add_argument("--warmup", type=int, default=200, help="unmeasured calls first")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run the scheduler on the bench's own loop"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    result = asyncio.run(measure(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print(result)
+    return 0
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50_ms": statistics.median(ordered) * 1e3,
+        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
+        "n": len(ordered),
+    }
+
+
+@asynccontextmanager
+async def _scheduler(in_process: bool) -> AsyncIterator[str]:
+    if in_process:
+        from rlslice.scheduler import SchedulerSettings, start_scheduler
+
+        running = await start_scheduler(
+            SchedulerSettings(address="127.0.0.1:0", auto_create_groups=True)
+        )
+        try:
+            yield running.address
+        finally:
+            await running.stop(0)
+        return
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    command = [sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING", "scheduler"]
+    command += ["--address", "127.0.0.1:0", "--auto-create-groups"]
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        found = re.search(r"listening on (\S+)", line)
+        if not found:
+            raise RuntimeError(f"scheduler did not start: {line!r}")
+        yield found.group(1)
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 10)
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from rlslice._channel import open_channel
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+    from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+    clock = time.perf_counter
+    async with _scheduler(args.in_process) as address, open_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
+        check = health_pb2.HealthCheckRequest()
+        a = await stub.Register(pb.RegisterRequest(job="a", group="bench", lease_seconds=600))
+        b = await stub.Register(pb.RegisterRequest(job="b", group="bench", lease_seconds=600))
+        acq_a = pb.AcquireRequest(job="a", group="bench", lease_id=a.lease_id, secret=a.secret)
+        acq_b = pb.AcquireRequest(job="b", group="bench", lease_id=b.lease_id, secret=b.secret)
+        yld_a = pb.YieldRequest(job="a", group="bench", lease_id=a.lease_id, secret=a.secret)
+        yld_b = pb.YieldRequest(job="b", group="bench", lease_id=b.lease_id, secret=b.secret)
+        # Both jobs run once so both are resident: later grants need no switch.
+        for acquire, yield_ in ((acq_a, yld_a), (acq_b, yld_b)):
+            await stub.Acquire(acquire)
+            await stub.Yield(yield_)
+
+        bare: list[float] = []
+        acquire: list[float] = []
+        cycle: list[float] = []
+        # Interleave the measurements so drift (CPU frequency, noise) hits all alike.
+        for i in range(args.warmup + args.iterations):
+            t0 = clock()
+            await health.Check(check)
+            t1 = clock()
+            await stub.Acquire(acq_a)
+            t2 = clock()
+            await stub.Yield(yld_a)
+            t3 = clock()
+            if i >= args.warmup:
+                bare.append(t1 - t0)
+                acquire.append(t2 - t1)
+                cycle.append(t3 - t1)
+
+        handoff: list[float] = []
+        group_request = pb.GetGroupRequest(group="bench")
+        await stub.Acquire(acq_a)
+        holder, waiter = (acq_a, yld_a), (acq_b, yld_b)
+        for i in range(args.warmup // 4 + args.handoffs):
+            blocked = asyncio.ensure_future(stub.Acquire(waiter[0]))
+            # Setup, outside the measured window: wait until B is queued.
+            while not (await stub.GetGroup(group_request)).queue:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            t0 = clock()
+            await stub.Yield(holder[1])
+            await blocked
+            t1 = clock()
+            if i >= args.warmup // 4:
+                handoff.append(t1 - t0)
+            holder, waiter = waiter, holder
+        await stub.Yield(holder[1])
+
+    result: dict[str, Any] = {
+        "scheduler": "in-process" if args.in_process else "subprocess",
+        "bare_roundtrip": _percentiles(bare),
+        "uncontended_acquire": _percentiles(acquire),
+        "uncontended_acquire_yield": _percentiles(cycle),
+        "handoff": _percentiles(handoff),
+    }
+    bare_p99 = result["bare_roundtrip"]["p99_ms"]
+    result["acquire_p99_ratio"] = result["uncontended_acquire"]["p99_ms"] / bare_p99
+    result["acquire_yield_p99_ratio"] = result["uncontended_acquire_yield"]["p99_ms"] / bare_p99
+    result["handoff_p99_ratio"] = result["handoff"]["p99_ms"] / bare_p99
+    result["acquire_target"] = ACQUIRE_TARGET
+    result["handoff_target"] = HANDOFF_TARGET
+    result["acquire_ok"] = result["acquire_p99_ratio"] <= ACQUIRE_TARGET
+    result["handoff_ok"] = result["handoff_p99_ratio"] <= HANDOFF_TARGET
+    return result
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"scheduler: {result['scheduler']}, loopback, no agents")
+    print(f"{'measurement':28} {'p50 ms':>9} {'p99 ms':>9} {'n':>6}")
+    for key in ("bare_roundtrip", "uncontended_acquire", "uncontended_acquire_yield", "handoff"):
+        row = result[key]
+        print(f"{key:28} {row['p50_ms']:9.3f} {row['p99_ms']:9.3f} {row['n']:6d}")
+    print(
+        f"acquire p99 / bare p99 = {result['acquire_p99_ratio']:.2f} "
+        f"(target <= {ACQUIRE_TARGET:g}: {'ok' if result['acquire_ok'] else 'MISSED'})"
+    )
+    print(f"acquire+yield p99 / bare p99 = {result['acquire_yield_p99_ratio']:.2f}")
+    print(
+        f"handoff p99 / bare p99 = {result['handoff_p99_ratio']:.2f} "
+        f"(target <= {HANDOFF_TARGET:g}: {'ok' if result['handoff_ok'] else 'MISSED'})"
+    )
