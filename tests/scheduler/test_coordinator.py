@@ -53,6 +53,7 @@ class FakeAgent(agent_pb2_grpc.AgentServicer):
     releases: list[tuple[str, bool]] = field(default_factory=list)
     fail: dict[str, grpc.StatusCode] = field(default_factory=dict)
     block_restore: asyncio.Event | None = None
+    restore_entered: asyncio.Event = field(default_factory=asyncio.Event)
     address: str = ""
 
     async def Snapshot(self, request: Any, context: Any) -> apb.MoveResult:
@@ -66,6 +67,7 @@ class FakeAgent(agent_pb2_grpc.AgentServicer):
 
     async def Restore(self, request: Any, context: Any) -> apb.MoveResult:
         self.calls.append(("restore", request.job, request.epoch))
+        self.restore_entered.set()
         if self.block_restore is not None:
             await self.block_restore.wait()
         if "restore" in self.fail:
@@ -279,8 +281,7 @@ async def test_a_switch_cut_by_a_restart_is_completed_on_start(
         waiting = asyncio.ensure_future(live.acquire("b", b))
         await asyncio.sleep(0.05)
         await live.yield_("a", a)
-        while not all(("restore", "b") in fake.moves() for fake in agents):
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.gather(*(f.restore_entered.wait() for f in agents)), 5)
         switch = live.engine.groups["g"].state.switch
         assert switch is not None
     with pytest.raises(grpc.aio.AioRpcError):
