@@ -161,3 +161,23 @@ async def _until(condition: object, timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
         await asyncio.sleep(0.005)
+
+
+async def test_a_forced_delete_fails_the_holder_and_waiters(live: Live) -> None:
+    a = await live.register("a")
+    b = await live.register("b")
+    await live.acquire("a", a)
+    waiting = asyncio.ensure_future(live.acquire("b", b))
+    await _until(lambda: live.engine.groups["g"].state.queue)
+    watch = live.stub.Watch(pb.WatchRequest())  # every group
+    assert (await watch.read()).kind == pb.EVENT_KIND_SNAPSHOT
+    await live.stub.DeleteGroup(pb.DeleteGroupRequest(group="g", force=True))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await waiting
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert (await asyncio.wait_for(watch.read(), 5)).kind == pb.EVENT_KIND_GROUP_DELETED
+    watch.cancel()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await live.yield_("a", a)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "g" not in live.engine.groups
