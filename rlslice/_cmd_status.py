@@ -60,7 +60,7 @@ async def _fetch(args: argparse.Namespace) -> list[Any]:
     tls = TLSConfig(ca=Path(args.tls_ca)) if args.tls_ca else None
     token = os.environ.get("RLSLICE_TOKEN") or None
     async with open_channel(args.scheduler, tls=tls, token=token) as channel:
-        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
         if args.group:
             return [await stub.GetGroup(pb.GetGroupRequest(group=args.group), timeout=args.timeout)]
         answer = await stub.ListGroups(pb.ListGroupsRequest(), timeout=args.timeout)

@@ -107,9 +107,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         yld_a = pb.YieldRequest(job="a", group="bench", lease_id=a.lease_id, secret=a.secret)
         yld_b = pb.YieldRequest(job="b", group="bench", lease_id=b.lease_id, secret=b.secret)
         # Both jobs run once so both are resident: later grants need no switch.
-        for acquire, yield_ in ((acq_a, yld_a), (acq_b, yld_b)):
-            await stub.Acquire(acquire)
-            await stub.Yield(yield_)
+        for acq, yld in ((acq_a, yld_a), (acq_b, yld_b)):
+            await stub.Acquire(acq)
+            await stub.Yield(yld)
 
         bare: list[float] = []
         acquire: list[float] = []
