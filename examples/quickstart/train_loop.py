@@ -1,6 +1,6 @@
 """The README's training loop, runnable: GPU phases held through rlslice, CPU work between.
 
-In one terminal:      rlslice scheduler
+In one terminal:      rlslice scheduler --auto-create-groups    (or: rlslice up)
 In two more:          python examples/quickstart/train_loop.py --job grpo-a
                       python examples/quickstart/train_loop.py --job grpo-b
 Watch them alternate: rlslice status gpus-a
