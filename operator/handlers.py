@@ -104,7 +104,7 @@ def build_registry(
     async def put_group(
         name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
     ) -> None:
-        await _sync(api(), name, spec, body, patch)
+        await _sync(api(), name, spec, body, patch, timer=False)
 
     @kopf.timer(*resource, id="sync-status", interval=config.status_interval, registry=registry)
     async def sync_status(
@@ -112,7 +112,7 @@ def build_registry(
     ) -> None:
         if body.metadata.get("deletionTimestamp"):
             return
-        await _sync(api(), name, spec, body, patch)
+        await _sync(api(), name, spec, body, patch, timer=True)
 
     @kopf.on.delete(*resource, id="delete-group", registry=registry)
     async def delete_group(name: str, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
@@ -181,19 +181,27 @@ async def _sync(
     spec: Mapping[str, Any],
     body: kopf.Body,
     patch: kopf.Patch,
+    *,
+    timer: bool,
 ) -> None:
-    """Reconcile one group into the scheduler and write its status (both handlers)."""
+    """Reconcile one group into the scheduler and write its status (both handlers).
+
+    The timer stays quiet about an invalid spec (the change handler already failed it
+    permanently, and a timer error would post an event every interval); a scheduler
+    outage is a retry for both.
+    """
     generation = int(body.metadata.get("generation") or 0)
     previous = dict(body.get("status") or {})
     now = _now()
     try:
         desired: GroupSpec = group_spec(name, spec)
     except InvalidArgumentError as error:
-        patch.status.update(
-            status_for(
-                None, None, generation=generation, now=now, previous=previous, invalid=str(error)
-            )
+        status = status_for(
+            None, None, generation=generation, now=now, previous=previous, invalid=str(error)
         )
+        _patch_status(patch, previous, status)
+        if timer:
+            return
         raise kopf.PermanentError(str(error)) from None
     observed: SchedulerView | None
     try:
@@ -203,15 +211,22 @@ async def _sync(
                 observed = await client.put(action.spec)
     except RlsliceError as error:
         message = f"scheduler: {error}"
-        patch.status.update(
-            status_for(
-                desired, None, generation=generation, now=now, previous=previous, error=message
-            )
+        status = status_for(
+            desired, None, generation=generation, now=now, previous=previous, error=message
         )
+        _patch_status(patch, previous, status)
         raise kopf.TemporaryError(message, delay=5) from None
-    patch.status.update(
-        status_for(desired, observed, generation=generation, now=now, previous=previous)
-    )
+    status = status_for(desired, observed, generation=generation, now=now, previous=previous)
+    _patch_status(patch, previous, status)
+
+
+def _patch_status(
+    patch: kopf.Patch, previous: Mapping[str, Any], status: Mapping[str, Any]
+) -> None:
+    """Only the fields that changed: an idle group costs the API server no writes."""
+    for key, value in status.items():
+        if previous.get(key) != value:
+            patch.status[key] = value
 
 
 def _now() -> str:

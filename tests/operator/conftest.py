@@ -23,6 +23,7 @@ import yaml
 from rlslice.operator.handlers import build_registry, operator_settings
 from rlslice.operator.mutation import InjectionSettings
 from rlslice.operator.settings import OperatorConfig, WebhookSettings
+from rlslice.scheduler import SchedulerSettings, start_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "charts/rlslice/crds/timeslicegroups.rlslice.dev.yaml"
@@ -94,15 +95,12 @@ class Scheduler:
 
 @pytest.fixture
 async def scheduler() -> AsyncIterator[Scheduler]:
+    settings = SchedulerSettings(address="127.0.0.1:0", admin_token=ADMIN_TOKEN)
+    running = await start_scheduler(settings)
     try:
-        from rlslice.scheduler import start_scheduler  # type: ignore[attr-defined]
-    except ImportError:
-        pytest.skip("rlslice.scheduler.start_scheduler has not landed yet")
-    handle = await start_scheduler(address="127.0.0.1:0")
-    try:
-        yield Scheduler(address=handle.address, handle=handle)
+        yield Scheduler(address=running.address, handle=running)
     finally:
-        await handle.stop()
+        await running.stop(0)
 
 
 @dataclass
@@ -129,7 +127,7 @@ async def operator(
             scheduler_address="rlslice-scheduler.rlslice.svc:50051",
             token_secret="rlslice-job-token",
         ),
-        admin_token=None,
+        admin_token=ADMIN_TOKEN,
         status_interval=0.2,
         delete_timeout=delete_timeout,
         rpc_timeout=5.0,

@@ -28,7 +28,7 @@ import pytest
 from rlslice.operator.mutation import mutate
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
-from .conftest import TSG, TSG_URL, Operator, Scheduler, eventually
+from .conftest import ADMIN_TOKEN, TSG, TSG_URL, Operator, Scheduler, eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +46,7 @@ def group(name: str = "rl-a", **spec: Any) -> dict[str, Any]:
 async def scheduler_group(scheduler: Scheduler, name: str) -> scheduler_pb2.GroupStatus | None:
     from rlslice._channel import open_channel
 
-    async with open_channel(scheduler.address) as channel:
+    async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         try:
             return await stub.GetGroup(scheduler_pb2.GetGroupRequest(group=name), timeout=5)
@@ -83,11 +83,27 @@ async def test_a_created_group_reaches_the_scheduler_and_reports_status(
     assert body["status"]["queueLength"] == 0
     assert body["status"]["observedGeneration"] == 1
     assert "rlslice.dev/finalizer" in body["metadata"]["finalizers"]
-    annotations = body["metadata"].get("annotations", {})
+    # kopf writes its annotations and the status in separate patches (the status through
+    # its subresource), so they may land in either order.
+    annotations = await eventually(
+        lambda: (stored(k8s, "rl-a") or {})["metadata"].get("annotations"), what="annotations"
+    )
     assert "rlslice.dev/last-handled-configuration" in annotations
     assert not any(key.startswith("kopf.zalando.org") for key in annotations)
     status_patches = [r for r in k8s if r.method == "PATCH" and r.url.path.endswith("/rl-a/status")]
     assert status_patches, "status must be written through the status subresource"
+
+
+async def test_an_idle_group_costs_the_api_server_no_writes(
+    k8s: kmock.KubernetesEmulator, operator: Operator
+) -> None:
+    await k8s.post(TSG_URL, json=group())
+    await eventually(lambda: ready(k8s, "rl-a"), what="Ready status")
+    await asyncio.sleep(0.5)
+    before = len([r for r in k8s if r.method == "PATCH"])
+    await asyncio.sleep(5 * operator.config.status_interval)  # five timer runs
+    patches = [r for r in k8s if r.method == "PATCH"][before:]
+    assert patches == [], [(r.url.path, r.data) for r in patches]
 
 
 async def test_an_updated_spec_is_reconciled_into_the_scheduler(
@@ -139,7 +155,7 @@ async def test_the_timer_puts_back_a_group_the_scheduler_lost(
     await eventually(lambda: ready(k8s, "rl-a"), what="Ready status")
     from rlslice._channel import open_channel
 
-    async with open_channel(scheduler.address) as channel:
+    async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         await stub.DeleteGroup(scheduler_pb2.DeleteGroupRequest(group="rl-a"), timeout=5)
     await eventually(lambda: scheduler_group(scheduler, "rl-a"), what="group put back")
@@ -196,7 +212,7 @@ async def hold(scheduler: Scheduler, group_name: str, job: str) -> scheduler_pb2
     """Register `job` and acquire the group with the real protocol; the lease proves it."""
     from rlslice._channel import open_channel
 
-    async with open_channel(scheduler.address) as channel:
+    async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         lease = await stub.Register(
             scheduler_pb2.RegisterRequest(job=job, group=group_name, lease_seconds=60), timeout=5
@@ -215,7 +231,7 @@ async def release(
 ) -> None:
     from rlslice._channel import open_channel
 
-    async with open_channel(scheduler.address) as channel:
+    async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         await stub.Yield(
             scheduler_pb2.YieldRequest(
