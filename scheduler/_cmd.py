@@ -165,17 +165,16 @@ async def serve(settings: Any) -> None:
 
     from rlslice.scheduler.server import start_scheduler
 
-    running = await start_scheduler(settings)
-    print(f"rlslice scheduler listening on {running.address}", flush=True)
-    if running.metrics_port is not None:
-        print(
-            f"metrics on http://{settings.metrics_address}:{running.metrics_port}/metrics",
-            flush=True,
-        )
+    # Handlers first: a SIGTERM right after the address is printed must stop us cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    running = await start_scheduler(settings)
+    print(f"rlslice scheduler listening on {running.address}", flush=True)
+    if running.metrics_port is not None:
+        where = f"{settings.metrics_address}:{running.metrics_port}"
+        print(f"metrics on http://{where}/metrics", flush=True)
     await stop.wait()
     logging.getLogger(__name__).info("stopping (grace %.1f s)", settings.shutdown_grace_seconds)
     await running.stop(settings.shutdown_grace_seconds)

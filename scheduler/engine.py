@@ -81,7 +81,7 @@ class Engine:
         metrics: SchedulerMetrics,
         *,
         auto_create_groups: bool = False,
-        ring_size: int = 512,
+        ring_size: int = 128,
         watch_queue_size: int = 1024,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -228,15 +228,20 @@ class Engine:
             try:
                 await future
             except asyncio.CancelledError:
-                self._abandon(group, job, ticket, future)
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    # Granted in the instant the caller left: give the lock back.
+                    granted = future.result()
+                    assert isinstance(granted, actions.Grant)
+                    self.lost_grant(group, job, granted.epoch)
+                else:
+                    self._abandon(group, job, ticket)
                 raise
         grant = future.result()
         assert isinstance(grant, actions.Grant)
         return grant
 
-    def _abandon(self, group: str, job: str, ticket: int, future: asyncio.Future[object]) -> None:
-        """The caller of acquire `ticket` left: take it out of the queue (or give back a grant
-        it will never see)."""
+    def _abandon(self, group: str, job: str, ticket: int) -> None:
+        """The caller of acquire `ticket` left: take it out of the queue at once."""
         runtime = self.groups.get(group)
         if runtime is None:
             return

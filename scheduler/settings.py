@@ -49,8 +49,9 @@ class SchedulerSettings(BaseModel):
     """Retries of an agent call that fails with UNAVAILABLE, with exponential backoff."""
     retry_backoff_seconds: Annotated[float, Field(gt=0, le=60)] = 0.1
     """First backoff between agent call retries; doubles each retry."""
-    event_ring_size: Annotated[int, Field(ge=1, le=100_000)] = 512
-    """Recent events kept per group for GetEvents and timelines."""
+    event_ring_size: Annotated[int, Field(ge=1, le=100_000)] = 128
+    """Recent events kept per group for GetEvents and timelines. Each entry keeps the group's
+    state after it, so memory grows with groups x this (about 0.5 KiB per entry)."""
     watch_queue_size: Annotated[int, Field(ge=1, le=100_000)] = 1024
     """Events buffered per Watch stream; a watcher that falls further behind is dropped."""
     shutdown_grace_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
