@@ -34,6 +34,10 @@ RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+#: Seconds of failed attempts after which a call logs that the scheduler is unreachable.
+WARN_AFTER_SECONDS = 5.0
+
+
 class RpcFailed(Exception):
     """A call failed with `code`; `error` is the rlslice error to raise for it."""
 
@@ -108,27 +112,40 @@ class Connection:
         until the deadline. Any other failure raises RpcFailed at once.
         """
         loop = asyncio.get_running_loop()
+        started = loop.time()
         budget = self._retry_seconds if retry_seconds is None else retry_seconds
-        give_up = loop.time() + budget
         delays = self._backoff.delays()
-        retried = False
+        unreachable: str | None = None  # why the last attempt found no scheduler
+        warned = False
         while True:
             timeout = None if deadline is None else deadline - loop.time()
             if timeout is not None and timeout <= 0:
+                why = (
+                    f"; scheduler {self.address} unreachable: {unreachable}" if unreachable else ""
+                )
                 failed = RpcFailed(
                     grpc.StatusCode.DEADLINE_EXCEEDED,
-                    DeadlineExceededError(f"{what or method}: deadline passed"),
+                    DeadlineExceededError(f"{what or method}: deadline passed{why}"),
                 )
-                failed.retried = retried
+                failed.retried = unreachable is not None
                 raise failed
             try:
                 return await self.once(method, request, response, timeout=timeout)
             except RpcFailed as failed:
-                failed.retried = retried
-                if failed.code != grpc.StatusCode.UNAVAILABLE or loop.time() >= give_up:
+                failed.retried = unreachable is not None
+                if failed.code != grpc.StatusCode.UNAVAILABLE or loop.time() >= started + budget:
                     raise
-                retried = True
-                log.debug("%s: scheduler %s unavailable, retrying", method, self.address)
+                unreachable = str(failed)
+            if not warned and loop.time() - started > WARN_AFTER_SECONDS:
+                # Say so once: a restart takes seconds, a wrong address or TLS setup forever.
+                log.warning(
+                    "%s: scheduler %s unreachable for %.0f s, still retrying: %s",
+                    what or method,
+                    self.address,
+                    loop.time() - started,
+                    unreachable,
+                )
+                warned = True
             delay = next(delays)
             if deadline is not None:
                 delay = max(0.0, min(delay, deadline - loop.time()))
