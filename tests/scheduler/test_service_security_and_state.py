@@ -5,13 +5,15 @@ groups or register agents (PERMISSION_DENIED), the admin and agent tokens can, h
 none, and refusals change nothing; a scheduler restarted on the same SQLite file has the
 same holder, queue order, parked set and epoch, the holder's lease still works and a
 waiter that calls again rejoins in place; two schedulers in one process each serve their
-own metrics; a holder past max_hold is asked to yield through KeepAlive, then preempted,
+own metrics; TLS serves verified clients and refuses plaintext; a holder past max_hold is asked to yield through KeepAlive, then preempted,
 its late Yield is accepted and its next Acquire works.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlslice._channel import open_channel
-from rlslice.config import GroupSpec
+from rlslice.config import GroupSpec, TLSConfig
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 
@@ -165,3 +167,27 @@ async def test_a_holder_past_max_hold_is_asked_to_yield_then_preempted(live: Liv
     kinds = [e.kind for e in (await live.stub.GetEvents(pb.GetEventsRequest(group="g"))).events]
     assert pb.EVENT_KIND_YIELD_REQUESTED in kinds
     assert pb.EVENT_KIND_PREEMPTED in kinds
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+async def test_tls_serves_verified_clients_and_refuses_plaintext(
+    start_live: Callable[..., Any], tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    await asyncio.to_thread(
+        subprocess.run,
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    async with start_live(tls=TLSConfig(cert=cert, key=key)) as live:
+        async with open_channel(live.running.address, tls=TLSConfig(ca=cert)) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            answer = await stub.Register(pb.RegisterRequest(job="a", group="g"), timeout=5)
+            assert answer.lease_id
+        async with open_channel(live.running.address) as plain:
+            stub = scheduler_pb2_grpc.SchedulerStub(plain)
+            code = await _code(stub.Register(pb.RegisterRequest(job="b", group="g"), timeout=2))
+            assert code in {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+        assert list(live.engine.groups["g"].state.jobs) == ["a"]
