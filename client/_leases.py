@@ -119,8 +119,14 @@ class Leases:
         orphaned = False
         while True:
             try:
+                # Like Acquire, retried through an outage until the caller's deadline.
                 answer = await self._conn.call(
-                    "Register", request, pb.RegisterResponse, deadline=deadline, what="register"
+                    "Register",
+                    request,
+                    pb.RegisterResponse,
+                    deadline=deadline,
+                    retry_seconds=math.inf,
+                    what="register",
                 )
                 break
             except RpcFailed as failed:

@@ -5,7 +5,8 @@ Cases:
   its place; the holder's yield after the restart hands the group over;
 - in-memory store: the restarted scheduler forgot every lease; the next acquire registers
   again and is granted, and the keep-alive registers a lease again by itself;
-- a phase whose lease was lost during the block does not yield someone else's grant.
+- a phase whose lease was lost during the block does not yield someone else's grant;
+- an acquire made while no scheduler listens yet is granted once one comes up.
 """
 
 from __future__ import annotations
@@ -92,3 +93,16 @@ async def test_a_phase_that_lost_its_lease_does_not_yield(
             assert "lost group 'gpus'" in caplog.text
             assert (await second.group("gpus")).holder == "b"
         await client.close()
+
+
+async def test_an_acquire_made_before_the_scheduler_is_up_is_granted_once_it_is() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with AsyncClient(job="a", group="gpus", scheduler=address) as client:
+        waiting = asyncio.create_task(client.acquire(timeout=20))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # nobody listens yet: the client keeps trying
+        async with scheduler_for_tests(groups=["gpus"], address=address) as sched:
+            grant = await asyncio.wait_for(waiting, 10)
+            assert grant.job == "a"
+            assert (await sched.group("gpus")).holder == "a"
+            await client.yield_()
