@@ -97,12 +97,12 @@ async def test_a_phase_that_lost_its_lease_does_not_yield(
 
 async def test_an_acquire_made_before_the_scheduler_is_up_is_granted_once_it_is() -> None:
     address = f"127.0.0.1:{free_port()}"
-    async with AsyncClient(job="a", group="gpus", scheduler=address) as client:
-        waiting = asyncio.create_task(client.acquire(timeout=20))
-        await asyncio.sleep(0.5)
-        assert not waiting.done()  # nobody listens yet: the client keeps trying
-        async with scheduler_for_tests(groups=["gpus"], address=address) as sched:
-            grant = await asyncio.wait_for(waiting, 10)
-            assert grant.job == "a"
-            assert (await sched.group("gpus")).holder == "a"
-            await client.yield_()
+    client = AsyncClient(job="a", group="gpus", scheduler=address)
+    waiting = asyncio.create_task(client.acquire(timeout=20))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()  # nobody listens yet: the client keeps trying
+    async with scheduler_for_tests(groups=["gpus"], address=address) as sched:
+        grant = await asyncio.wait_for(waiting, 10)
+        assert grant.job == "a"
+        assert (await sched.group("gpus")).holder == "a"
+        await client.close()
