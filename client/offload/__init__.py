@@ -15,6 +15,8 @@ service = start_offload_thread(offloader, job="trainer-a", group="gpus")
 See docs/backends.md.
 """
 
+from typing import TYPE_CHECKING
+
 from rlslice.client.offload._http import SglangOffloader, VllmOffloader
 from rlslice.client.offload._serve import (
     AGENT_SOCKET_ENV,
@@ -23,6 +25,9 @@ from rlslice.client.offload._serve import (
     start_offload_thread,
 )
 from rlslice.client.offload._types import DISCARD, OFFLOAD, Offloader, OffloadResult
+
+if TYPE_CHECKING:
+    from rlslice.client.offload._torch import TorchOffloader
 
 __all__ = [
     "AGENT_SOCKET_ENV",
