@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One-shot GPU validation of rlslice's GPU backends (run once on a GPU node, ~6 minutes).
+#
+# Assumes: an NVIDIA driver r570+ (CUDA 12.8+), `python3` with torch built for CUDA, and this
+# repository installed with `pip install -e .[cuda]`. Optional: `cuda-checkpoint` on PATH
+# (adds the CLI comparison). Run from the repository root:
+#
+#     OUT=/some/dir tools/gpu_check.sh
+#
+# Steps, each under its own `timeout`, each going on when an earlier one failed:
+#   1. versions (driver, GPU, persistence mode, torch, cuda-bindings, pynvml, rlslice probe)
+#   2. pytest -m gpu on tests/gpu/test_on_device.py       -> $OUT/pytest_gpu.txt, .xml
+#   3. rlslice bench swap --backend app  --gib 4 --json   -> $OUT/bench_app.json
+#   4. rlslice bench swap --backend cuda --gib 4 --json [--compare-cli]
+#                                                         -> $OUT/bench_cuda.json
+# $OUT/summary.txt lists each step's exit status (124 = timed out).
+set -u
+
+OUT="${OUT:-./gpu-check-out}"
+PY="${PYTHON:-python3}"
+GIB="${GIB:-4}"
+mkdir -p "$OUT"
+export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.." || exit 2
+: > "$OUT/summary.txt"
+
+step() {  # step NAME SECONDS COMMAND... : run with a timeout, record the status
+  local name=$1 seconds=$2
+  shift 2
+  echo "=== $name (timeout ${seconds}s): $*"
+  local start=$SECONDS
+  timeout --kill-after=10 "$seconds" "$@"
+  local rc=$?
+  echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt"
+  return 0
+}
+
+versions() {
+  date -u
+  timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,pcie.link.gen.current,pcie.link.width.current --format=csv || true
+  timeout 60 "$PY" - <<'EOF'
+import platform
+print("python", platform.python_version())
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+    if torch.cuda.is_available():
+        print("device 0:", torch.cuda.get_device_name(0))
+except Exception as error:
+    print("torch: not usable:", error)
+try:
+    from cuda.bindings import driver, __version__ as bindings_version
+    print("cuda-bindings", bindings_version)
+    print("cuInit", driver.cuInit(0)[0].name, "cuDriverGetVersion", driver.cuDriverGetVersion())
+except Exception as error:
+    print("cuda-bindings: not usable:", error)
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    print("NVML driver", pynvml.nvmlSystemGetDriverVersion())
+except Exception as error:
+    print("pynvml: not usable:", error)
+import rlslice
+print("rlslice", rlslice.__version__)
+EOF
+  command -v cuda-checkpoint && timeout 20 cuda-checkpoint --help | head -3
+  timeout 60 "$PY" -m rlslice._cli probe || true
+}
+
+echo "=== versions"
+versions 2>&1 | tee "$OUT/versions.txt"
+
+if ! "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null; then
+  echo "pytest / pytest-asyncio missing: trying pip (skip the step if that fails)"
+  timeout 60 "$PY" -m pip install -q pytest pytest-asyncio pytest-timeout || true
+fi
+if "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null; then
+  step pytest_gpu 150 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
+    --junitxml="$OUT/pytest_gpu.xml" tests/gpu/test_on_device.py 2>&1 | tee "$OUT/pytest_gpu.txt"
+else
+  echo "pytest_gpu rc=skipped (pytest not installed)" | tee -a "$OUT/summary.txt"
+fi
+
+step bench_app 90 "$PY" -m rlslice._cli bench swap --backend app --gib "$GIB" --json \
+  > "$OUT/bench_app.json"
+cat "$OUT/bench_app.json"
+
+CLI=()
+if command -v cuda-checkpoint > /dev/null; then CLI=(--compare-cli); fi
+step bench_cuda 120 "$PY" -m rlslice._cli bench swap --backend cuda --gib "$GIB" --json "${CLI[@]}" \
+  > "$OUT/bench_cuda.json"
+cat "$OUT/bench_cuda.json"
+
+echo "=== summary ($OUT)"
+cat "$OUT/summary.txt"
