@@ -1,0 +1,398 @@
+"""The Helm chart, rendered by the real helm binary.
+
+- `helm lint --strict` passes with default values and with every optional feature on
+- every rendered object validates with kubernetes-validate (strict) for a current
+  Kubernetes; custom kinds (cert-manager, Prometheus Operator) are named and counted
+- namespaced objects live in the release namespace; cluster-scoped ones have none
+- every object carries the standard app.kubernetes.io labels
+- values.schema.json: additionalProperties false on every object; a typo fails the install
+- every RBAC rule has a comment naming the feature that needs it; one ServiceAccount each
+- the agent: hostPID, host /proc read-only, only SYS_PTRACE and KILL unless privileged
+- the webhook: opt-in by label, system and own namespaces skipped, fails open, short
+  timeout, path = the operator's handler id, caBundle = the generated CA
+- the operator: one replica, Recreate; the scheduler: gRPC probes, PDB
+- env variables the chart sets are flags the commands really read (operator, agent,
+  scheduler)
+- NOTES render with the verification commands
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from .conftest import (
+    ALL_FEATURES,
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    env_of,
+    find,
+    render,
+    run_helm,
+)
+
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "Certificate", "Issuer"}
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+@pytest.mark.parametrize("values", [[], [ALL_FEATURES]], ids=["defaults", "all-features"])
+def test_helm_lint_strict_passes(helm: Path, values: list[Path]) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for file in values:
+        args += ["--values", str(file)]
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("which", ["default_objects", "full_objects"])
+def test_every_rendered_object_is_valid_kubernetes(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    objects: list[dict[str, Any]] = request.getfixturevalue(which)
+    custom = []
+    for obj in objects:
+        if obj["kind"] in CUSTOM_KINDS:
+            custom.append(obj["kind"])
+            continue
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    if which == "full_objects":
+        assert sorted(custom) == ["Certificate", "Issuer", "PodMonitor", "ServiceMonitor"]
+    else:
+        assert custom == []
+
+
+def test_the_defaults_render_every_component(default_objects: list[dict[str, Any]]) -> None:
+    kinds = {
+        (o["kind"], o["metadata"]["labels"]["app.kubernetes.io/component"]) for o in default_objects
+    }
+    assert {
+        ("Deployment", "scheduler"),
+        ("Service", "scheduler"),
+        ("PodDisruptionBudget", "scheduler"),
+        ("Deployment", "operator"),
+        ("Service", "webhook"),
+        ("MutatingWebhookConfiguration", "webhook"),
+        ("Secret", "webhook"),
+        ("DaemonSet", "agent"),
+        ("Secret", "tokens"),
+    } <= kinds
+
+
+@pytest.mark.parametrize("which", ["default_objects", "full_objects"])
+def test_namespaced_objects_live_in_the_release_namespace(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    for obj in request.getfixturevalue(which):
+        namespace = obj["metadata"].get("namespace")
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert namespace is None, obj["metadata"]["name"]
+        elif obj["kind"] == "Secret" and obj["metadata"]["name"] == "rlslice-job-token":
+            assert namespace in {"rl", "rl-eval"}  # the job namespaces asked for
+        else:
+            assert namespace == NAMESPACE, (obj["kind"], obj["metadata"]["name"])
+
+
+def test_no_template_hard_codes_a_namespace() -> None:
+    for template in (CHART / "templates").glob("*.yaml"):
+        for line in template.read_text().splitlines():
+            if re.match(r"\s*namespace:\s*\S", line):
+                assert "{{" in line, f"{template.name}: {line.strip()}"
+
+
+@pytest.mark.parametrize("which", ["default_objects", "full_objects"])
+def test_every_object_has_the_standard_labels(which: str, request: pytest.FixtureRequest) -> None:
+    for obj in request.getfixturevalue(which):
+        labels = obj["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/name") == "rlslice", obj["metadata"]["name"]
+        assert labels.get("app.kubernetes.io/instance") == RELEASE
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm"
+        assert labels.get("app.kubernetes.io/component")
+
+
+def _objects_without_additional_properties(schema: Any, path: str = "$") -> list[str]:
+    found: list[str] = []
+    if isinstance(schema, dict):
+        passthrough = "(passed to Kubernetes as is)" in schema.get("description", "")
+        closed = schema.get("additionalProperties", None)
+        if (
+            schema.get("type") == "object"
+            and not passthrough
+            and (closed is None or (schema.get("properties") and closed is not False))
+        ):
+            found.append(path)
+        for key, value in schema.items():
+            found += _objects_without_additional_properties(value, f"{path}.{key}")
+    elif isinstance(schema, list):
+        for index, value in enumerate(schema):
+            found += _objects_without_additional_properties(value, f"{path}[{index}]")
+    return found
+
+
+def test_the_values_schema_closes_every_object() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    assert _objects_without_additional_properties(schema) == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("scheduler.replica=2", "replica"),
+        ("agent.privilged=true", "privilged"),
+        ("webhok.enabled=false", "webhok"),
+        ("agent.backend=gpu", "backend"),
+        ("scheduler.grpcPort=70000", "grpcPort"),
+    ],
+)
+def test_a_values_typo_fails_the_schema(helm: Path, setting: str, field: str) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", setting)
+    assert result.returncode != 0
+    assert "schema" in result.stderr.lower()
+    assert field in result.stderr
+
+
+def test_several_memory_scheduler_replicas_are_refused(helm: Path) -> None:
+    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "scheduler.replicas=2")
+    assert result.returncode != 0
+    assert "shared store" in result.stderr
+
+
+def test_every_rbac_rule_says_which_feature_needs_it() -> None:
+    for template in (CHART / "templates").glob("*.yaml"):
+        lines = template.read_text().splitlines()
+        for index, line in enumerate(lines):
+            if line.strip().startswith("- apiGroups:"):
+                above = lines[index - 1].strip()
+                assert above.startswith("#"), f"{template.name}:{index + 1} has no comment"
+
+
+def test_each_component_has_its_own_service_account(default_objects: list[dict[str, Any]]) -> None:
+    accounts = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["metadata"]["name"]
+        for o in default_objects
+        if o["kind"] == "ServiceAccount"
+    }
+    assert set(accounts) == {"scheduler", "operator", "agent"}
+    for kind, component in [
+        ("Deployment", "scheduler"),
+        ("Deployment", "operator"),
+        ("DaemonSet", "agent"),
+    ]:
+        pod = find(default_objects, kind, component)["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == accounts[component]
+
+
+def test_the_agent_gets_only_the_capabilities_it_needs(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    daemonset = find(default_objects, "DaemonSet", "agent")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    security = pod["containers"][0]["securityContext"]
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "KILL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["host-proc"]["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["host-proc"]["hostPath"]["path"] == "/proc"
+    assert volumes["socket"]["hostPath"]["path"] == "/run/rlslice"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+
+
+def test_the_agent_runs_privileged_only_when_a_value_says_so(
+    full_objects: list[dict[str, Any]],
+) -> None:
+    pod = find(full_objects, "DaemonSet", "agent")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["securityContext"] == {"privileged": True}
+    assert pod["runtimeClassName"] == "nvidia"
+
+
+def test_the_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    from rlslice.operator.handlers import WEBHOOK_ID
+
+    (hook,) = find(default_objects, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["timeoutSeconds"] <= 10
+    assert hook["objectSelector"]["matchExpressions"] == [
+        {"key": "rlslice.dev/group", "operator": "Exists"}
+    ]
+    (expression,) = hook["namespaceSelector"]["matchExpressions"]
+    assert expression["operator"] == "NotIn"
+    assert {"kube-system", "kube-public", "kube-node-lease", NAMESPACE} <= set(expression["values"])
+    assert hook["clientConfig"]["service"]["path"] == f"/{WEBHOOK_ID}"
+    secret = find(default_objects, "Secret", "webhook")
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert base64.b64decode(secret["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+def test_cert_manager_replaces_the_generated_certificate(
+    full_objects: list[dict[str, Any]],
+) -> None:
+    configuration = find(full_objects, "MutatingWebhookConfiguration")
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].startswith(
+        f"{NAMESPACE}/"
+    )
+    assert "caBundle" not in configuration["webhooks"][0]["clientConfig"]
+    certificate = find(full_objects, "Certificate")
+    assert (
+        f"{certificate['spec']['dnsNames'][0]}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    )
+    assert not [
+        o
+        for o in full_objects
+        if o["kind"] == "Secret"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+    ]
+
+
+def test_the_operator_runs_alone_and_the_scheduler_is_probed_over_grpc(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    operator = find(default_objects, "Deployment", "operator")
+    assert operator["spec"]["replicas"] == 1
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    scheduler = find(default_objects, "Deployment", "scheduler")
+    container = scheduler["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["grpc"]["service"] == "rlslice.v1alpha1.Scheduler"
+    assert "grpc" in container["livenessProbe"]
+    service = find(default_objects, "Service", "scheduler")
+    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+    budget = find(default_objects, "PodDisruptionBudget", "scheduler")
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+def test_tls_mounts_the_secret_and_switches_probes_to_tcp(
+    full_objects: list[dict[str, Any]],
+) -> None:
+    scheduler = find(full_objects, "Deployment", "scheduler")
+    pod = scheduler["spec"]["template"]["spec"]
+    assert pod["volumes"][0]["secret"]["secretName"] == "rlslice-tls"
+    assert "tcpSocket" in pod["containers"][0]["readinessProbe"]
+    assert env_of(scheduler)["RLSLICE_TLS_CERT"] == "/etc/rlslice/tls/tls.crt"
+    assert (
+        env_of(find(full_objects, "Deployment", "operator"))["RLSLICE_OPERATOR_TLS_CA_SECRET"]
+        == "rlslice-ca"
+    )
+
+
+def test_tokens_come_from_one_secret_and_reach_the_job_namespaces(
+    full_objects: list[dict[str, Any]],
+) -> None:
+    tokens = find(full_objects, "Secret", "tokens")
+    assert set(tokens["data"]) == {"job-token", "admin-token", "agent-token"}
+    assert tokens["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    copies = [
+        o
+        for o in full_objects
+        if o["kind"] == "Secret" and o["metadata"]["name"] == "rlslice-job-token"
+    ]
+    assert {o["metadata"]["namespace"] for o in copies} == {"rl", "rl-eval"}
+    assert {o["data"]["token"] for o in copies} == {tokens["data"]["job-token"]}
+    assert len(set(tokens["data"].values())) == 3
+
+
+def _literal_env(workload: dict[str, Any]) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in env_of(workload).items()
+        if isinstance(value, str) and "$(" not in value
+    }
+
+
+def _parse(
+    configure: Any, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> argparse.Namespace:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return parser.parse_args([])
+
+
+@pytest.mark.parametrize("which", ["default_objects", "full_objects"])
+def test_the_operator_reads_every_variable_the_chart_sets(
+    which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlslice.operator import _cmd
+
+    workload = find(request.getfixturevalue(which), "Deployment", "operator")
+    env = _literal_env(workload)
+    args = _parse(_cmd.configure, env, monkeypatch)
+    for name, value in env.items():
+        dest = name.removeprefix("RLSLICE_OPERATOR_").lower()
+        assert getattr(args, dest) == value, name
+    monkeypatch.setenv("RLSLICE_ADMIN_TOKEN", "admin")
+    assert "RLSLICE_ADMIN_TOKEN" in env_of(workload)
+    assert _cmd._read_token(None, "RLSLICE_ADMIN_TOKEN") == "admin"
+
+
+@pytest.mark.parametrize("which", ["default_objects", "full_objects"])
+def test_the_agent_reads_every_variable_the_chart_sets(
+    which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlslice.snapshot_agent import _cmd
+
+    workload = find(request.getfixturevalue(which), "DaemonSet", "agent")
+    env = _literal_env(workload)
+    env.pop("NVIDIA_VISIBLE_DEVICES")  # read by the NVIDIA container runtime
+    env.pop("NVIDIA_DRIVER_CAPABILITIES")
+    env["RLSLICE_AGENT_TOKEN"] = "agent-secret"  # from the tokens Secret
+    args = _parse(_cmd.configure, env, monkeypatch)
+    for name, value in env.items():
+        dest = name.removeprefix("RLSLICE_AGENT_").lower()
+        assert getattr(args, dest) == value, name
+    settings = _cmd.settings_from(args)
+    assert settings.backend == env["RLSLICE_AGENT_BACKEND"]
+    assert settings.token == "agent-secret"
+
+
+@pytest.mark.parametrize("which", ["default_objects", "full_objects"])
+def test_the_scheduler_reads_every_variable_the_chart_sets(
+    which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlslice.scheduler import _cmd
+
+    workload = find(request.getfixturevalue(which), "Deployment", "scheduler")
+    env = _literal_env(workload)
+    args = _parse(_cmd.configure, env, monkeypatch)
+    parsed = {str(value) for value in vars(args).values()}
+    for name, value in env.items():
+        assert value in parsed, f"{name}={value} is not read by rlslice scheduler"
+    for role in ("job", "admin", "agent"):
+        name = f"RLSLICE_{role.upper()}_TOKEN"
+        assert name in env_of(workload)
+        monkeypatch.setenv(name, f"{role}-secret")
+        assert _cmd._token(args, role) == f"{role}-secret"
+
+
+def test_the_notes_show_how_to_verify_the_install(helm: Path) -> None:
+    result = run_helm(
+        helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kubectl get tsg -w" in notes
+    assert f"rollout status deploy/{RELEASE}-scheduler" in notes
+    assert "kubectl get crd timeslicegroups.rlslice.dev" in notes
+
+
+def test_render_uses_the_release_namespace_given(helm: Path) -> None:
+    objects = render(helm, sets=["webhook.enabled=false"])
+    assert not [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    operator = find(objects, "Deployment", "operator")
+    assert env_of(operator)["RLSLICE_OPERATOR_WEBHOOK_PORT"] == "0"

@@ -1,0 +1,140 @@
+"""The TimeSliceGroup CRD (charts/rlslice/crds/, the file Helm installs) and the examples.
+
+- the CRD is valid Kubernetes (kubernetes-validate strict) and structural: every object
+  says its type, no `additionalProperties: false` beside `properties` (forbidden in CRDs)
+- printer columns HOLDER, QUEUE, BUSY, BACKEND, AGE, a status subresource, short name tsg
+- the example group validates against the CRD's openAPIV3Schema (with unknown fields
+  refused, as strict field validation does); typos and bad values fail
+- the example workloads are valid Kubernetes and carry the group and job labels
+- the example group converts into a scheduler GroupSpec
+- status written by the operator's `status_for` validates against the status schema
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from rlslice.config import GroupSpec
+from rlslice.operator.reconcile import SchedulerView, status_for
+from rlslice.operator.spec import group_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "charts/rlslice/crds/timeslicegroups.rlslice.dev.yaml").read_text())
+EXAMPLES = ROOT / "examples" / "kubernetes"
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+
+
+def strict(schema: Any) -> Any:
+    """The schema with unknown fields refused (what strict field validation does)."""
+    schema = copy.deepcopy(schema)
+
+    def close(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node and node is not schema:
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                close(value)
+        elif isinstance(node, list):
+            for value in node:
+                close(value)
+
+    close(schema)
+    for key in ("spec", "status"):
+        schema["properties"][key]["additionalProperties"] = False
+    return schema
+
+
+VALIDATOR = jsonschema.Draft4Validator(strict(SCHEMA))
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def test_the_crd_is_valid_kubernetes() -> None:
+    kubernetes_validate.validate(CRD, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_crd_schema_is_structural() -> None:
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if "properties" in node or "items" in node:
+                assert "type" in node, path
+            assert not ("properties" in node and "additionalProperties" in node), path
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+
+    walk(SCHEMA, "$")
+
+
+def test_the_crd_names_printer_columns_status_and_short_name() -> None:
+    columns = [
+        c["name"].upper() for c in VERSION["additionalPrinterColumns"] if not c.get("priority")
+    ]
+    assert columns == ["HOLDER", "QUEUE", "BUSY", "BACKEND", "AGE"]
+    assert VERSION["subresources"] == {"status": {}}
+    assert CRD["spec"]["names"]["shortNames"] == ["tsg"]
+    assert CRD["spec"]["names"]["plural"] == "timeslicegroups"
+    assert CRD["spec"]["group"] == "rlslice.dev"
+
+
+def test_the_example_group_validates_and_converts() -> None:
+    group = example("group.yaml")
+    VALIDATOR.validate(group)
+    spec = group_spec(group["metadata"]["name"], group["spec"])
+    assert spec.node_selector == {"rlslice.dev/pool": "rl"}
+    assert [job.name for job in spec.jobs] == ["grpo-trainer", "grpo-sampler"]
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"polcy": "fifo"}, "polcy"),
+        ({"policy": "random"}, "random"),
+        ({"backend": "gpu"}, "gpu"),
+        ({"leaseSeconds": 0}, "0"),
+        ({"leaseSeconds": 4000}, "4000"),
+        ({"headroomBytes": -1}, "-1"),
+        ({"jobs": [{"name": "Trainer"}]}, "Trainer"),
+        ({"jobs": [{"name": "a", "wieght": 2}]}, "wieght"),
+        ({"nodeSelector": {"a": 1}}, "1"),
+    ],
+)
+def test_a_bad_group_spec_is_refused_by_the_schema(change: dict[str, Any], where: str) -> None:
+    group = example("group.yaml")
+    group["spec"].update(change)
+    with pytest.raises(jsonschema.ValidationError) as raised:
+        VALIDATOR.validate(group)
+    assert where in str(raised.value.message) + str(list(raised.value.path))
+
+
+@pytest.mark.parametrize("name", ["trainer-job.yaml", "sampler-deployment.yaml"])
+def test_the_example_workloads_are_valid_and_labelled(name: str) -> None:
+    workload = example(name)
+    kubernetes_validate.validate(workload, kubernetes_validate.latest_version(), strict=True)
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert labels["rlslice.dev/group"] == example("group.yaml")["metadata"]["name"]
+    assert labels["rlslice.dev/job"] in {j["name"] for j in example("group.yaml")["spec"]["jobs"]}
+
+
+def test_the_status_the_operator_writes_fits_the_status_schema() -> None:
+    spec = GroupSpec(name="rl-h200")
+    view = SchedulerView(
+        spec=spec, phase="Held", holder="a", queue=("b",), epoch=3, busy_fraction=0.5
+    )
+    for status in (
+        status_for(spec, view, generation=2, now="2025-01-01T00:00:00Z"),
+        status_for(None, None, generation=2, now="2025-01-01T00:00:00Z", invalid="spec.x: bad"),
+        status_for(
+            spec, None, generation=2, now="2025-01-01T00:00:00Z", error="down", deleting=True
+        ),
+    ):
+        VALIDATOR.validate({**example("group.yaml"), "status": status})
