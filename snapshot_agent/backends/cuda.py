@@ -127,11 +127,11 @@ class Driver:
             self.init()
             return fn()
 
-        future = loop.run_in_executor(self._pool, run)
-        self._inflight[pid] = future
         remaining = deadline - time.time()
         if remaining <= 0:
             raise TimeoutError(f"deadline passed before calling the driver for pid {pid}")
+        future = loop.run_in_executor(self._pool, run)
+        self._inflight[pid] = future
         try:
             return await asyncio.wait_for(asyncio.shield(future), remaining)
         except TimeoutError as error:

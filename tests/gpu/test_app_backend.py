@@ -9,6 +9,7 @@ offloader in a thread, as `serve_offload` does).
   BackendError names the workload; a workload silent past the deadline is restored too.
 - no workload stream: BackendError naming serve_offload.
 - state is UNKNOWN (only the workload knows); probe is usable.
+- the workload side: a second offloader failing restores the first; the reply says why.
 
 End to end: a real agent (`start_agent`, backend app) on a Unix socket in tmp_path,
 `serve_offload` with a real `TorchOffloader` in this process, Snapshot/Restore over the
@@ -247,3 +248,21 @@ async def test_serve_offload_answers_a_real_agent_and_reconnects_after_its_resta
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await agent.stop()
+
+
+async def test_a_workload_whose_second_offloader_fails_restores_the_first_and_says_why() -> None:
+    from rlslice.client.offload._serve import Combined, answer
+    from rlslice.v1alpha1 import agent_pb2
+
+    offloader, (weights,) = torch_workload(100, {"weights": "offload"})
+    saved = weights.clone()
+    both = Combined([offloader, VllmOffloader(closed_port(), timeout=2.0, measure=lambda: None)])
+    command = agent_pb2.WorkloadCommand(
+        command_id=7, action=agent_pb2.WorkloadCommand.ACTION_OFFLOAD, epoch=3
+    )
+    reply = await answer(both, command)
+    assert reply.command_id == 7
+    assert not reply.ok
+    assert "UnavailableError" in reply.error
+    assert not offloader.offloaded
+    assert torch.equal(weights, saved)

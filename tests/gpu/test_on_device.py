@@ -116,11 +116,13 @@ async def test_the_cuda_backend_parks_and_restores_a_real_process(tmp_path: Path
     child = subprocess.Popen(  # noqa: ASYNC220 - a line-based child, read synchronously
         [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    # A process without CUDA in the job (a data loader, say) is left alone.
+    plain = subprocess.Popen(["sleep", "120"])  # noqa: ASYNC220
     try:
         assert child.stdout is not None
         assert child.stdin is not None
         assert child.stdout.readline().strip() == "ready"
-        job = JobHandle(job="child", group="g", pids=(child.pid,))
+        job = JobHandle(job="child", group="g", pids=(child.pid, plain.pid))
         resident = await backend.device_bytes(job)
         assert resident >= 512 << 20
         out = await backend.snapshot(job, deadline=time.time() + 120)
@@ -134,8 +136,9 @@ async def test_the_cuda_backend_parks_and_restores_a_real_process(tmp_path: Path
         child.stdin.flush()
         assert child.stdout.readline().strip() == "same"
     finally:
-        child.kill()
-        child.wait()
+        for proc in (child, plain):
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.gpu
