@@ -6,7 +6,6 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from rlslice.config import GroupSpec
@@ -16,15 +15,36 @@ from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
 SCHEMA_VERSION = 1
 
 
+_JOB_FIELDS = JobRecord.__slots__
+_WAITER_FIELDS = Waiter.__slots__
+_SWITCH_FIELDS = Switch.__slots__
+# The spec changes rarely: keep its encoding per group, reused while the object is the same.
+_spec_cache: dict[str, tuple[GroupSpec, dict[str, Any]]] = {}
+
+
+def _fields(obj: object, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(obj, name) for name in names}
+
+
+def _encode_spec(spec: GroupSpec) -> dict[str, Any]:
+    cached = _spec_cache.get(spec.name)
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    encoded = spec.model_dump(mode="json")
+    _spec_cache[spec.name] = (spec, encoded)
+    return encoded
+
+
 def encode_group(state: GroupState) -> dict[str, Any]:
-    """A JSON-able dict holding everything needed to rebuild `state`."""
+    """A JSON-able dict holding everything needed to rebuild `state`. Called after every
+    accepted event, so it avoids `dataclasses.asdict` (which deep-copies)."""
     return {
         "v": SCHEMA_VERSION,
-        "spec": state.spec.model_dump(mode="json"),
-        "jobs": [asdict(record) for record in state.jobs.values()],
+        "spec": _encode_spec(state.spec),
+        "jobs": [_fields(record, _JOB_FIELDS) for record in state.jobs.values()],
         "holder": state.holder,
         "holder_since": state.holder_since,
-        "queue": [asdict(w) for w in state.queue],
+        "queue": [_fields(w, _WAITER_FIELDS) for w in state.queue],
         "resident": list(state.resident),
         "parked": list(state.parked),
         "faulted": dict(state.faulted),
@@ -41,7 +61,7 @@ def encode_group(state: GroupState) -> dict[str, Any]:
 def _encode_switch(switch: Switch | None) -> dict[str, Any] | None:
     if switch is None:
         return None
-    data = asdict(switch)
+    data = _fields(switch, _SWITCH_FIELDS)
     data["evict"] = list(switch.evict)
     data["candidates"] = list(switch.candidates)
     return data

@@ -1,13 +1,17 @@
 """A store in one SQLite file (WAL, synchronous=NORMAL): for standalone schedulers.
 
-Each accepted event rewrites its group's row in its own small transaction: in WAL mode
-with synchronous=NORMAL a commit appends to the log without an fsync, so a write costs tens
-of microseconds, and a crash of the process loses nothing committed (a power loss may lose
-the last few). The schema carries a version; a file from a newer build is refused.
+Writes are batched per event-loop iteration: `save_group` records the newest state of the
+group and schedules one write (`call_soon`); every state saved during that iteration is
+written in one transaction, the newest per group only. In WAL mode with synchronous=NORMAL
+a commit appends to the log without an fsync, so a crash of the process loses nothing
+committed (a power loss may lose the last few commits). Without a running event loop
+(scripts, tests) each save is written at once. The schema carries a version; a file from a
+newer build is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sqlite3
@@ -37,6 +41,8 @@ class SQLiteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._pending: dict[str, GroupState | None] = {}
+        self._scheduled = False
         with self._transaction():
             for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
                 self._db.execute(statement)
@@ -76,11 +82,12 @@ class SQLiteStore:
         return Loaded(groups, agents)
 
     def save_group(self, state: GroupState) -> None:
-        text = json.dumps(encode_group(state), separators=(",", ":"))
-        self._db.execute("INSERT OR REPLACE INTO groups VALUES (?, ?)", (state.name, text))
+        self._pending[state.name] = state
+        self._schedule()
 
     def delete_group(self, name: str) -> None:
-        self._db.execute("DELETE FROM groups WHERE name = ?", (name,))
+        self._pending[name] = None
+        self._schedule()
 
     def save_agent(self, agent: AgentRecord) -> None:
         text = json.dumps(asdict(agent), separators=(",", ":"))
@@ -89,8 +96,34 @@ class SQLiteStore:
     def delete_agent(self, node: str) -> None:
         self._db.execute("DELETE FROM agents WHERE node = ?", (node,))
 
+    def _schedule(self) -> None:
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write()
+            return
+        self._scheduled = True
+        loop.call_soon(self._write)
+
+    def _write(self) -> None:
+        """Write every pending group state in one transaction."""
+        self._scheduled = False
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        with self._transaction() as db:
+            for name, state in pending.items():
+                if state is None:
+                    db.execute("DELETE FROM groups WHERE name = ?", (name,))
+                else:
+                    text = json.dumps(encode_group(state), separators=(",", ":"))
+                    db.execute("INSERT OR REPLACE INTO groups VALUES (?, ?)", (name, text))
+
     async def flush(self) -> None:
-        return None  # every write above committed already
+        self._write()
 
     async def close(self) -> None:
+        self._write()
         self._db.close()

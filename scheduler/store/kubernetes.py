@@ -1,0 +1,314 @@
+"""A store in the cluster: one ConfigMap per group, one for the agents, in the scheduler's
+namespace. A restarted (or newly elected) scheduler reloads holder, queue order, parked set
+and epochs from them (invariant 6).
+
+Why ConfigMaps and not the TimeSliceGroup status: the state holds lease-secret hashes and
+the switch in flight, which belong with the scheduler's namespace-scoped RBAC, not in an
+object every cluster reader sees; groups also exist without a TimeSliceGroup (PutGroup from
+a config file or a CLI); and the status has one writer already, the operator.
+
+Writes never block the event loop: `save_group` records the newest state per group and a
+background task writes it (the latest call wins; a failed write is retried). `flush()`
+returns once everything recorded is written. `KubeAPI` is the small aiohttp client that
+this store and the leader election share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import ssl
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rlslice.scheduler.core import GroupState
+from rlslice.scheduler.store.base import AgentRecord, Loaded
+from rlslice.scheduler.store.codec import decode_group, encode_group
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+STORE_LABEL = "rlslice.dev/store"
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; `status` is the HTTP status (0: no answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"kubernetes API: HTTP {status}: {message}"[:500])
+        self.status = status
+
+
+class KubeAPI:
+    """Just enough of the Kubernetes REST API: JSON in, JSON out, one aiohttp session."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        ca_file: Path | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._token = token
+        self._ca_file = ca_file
+        self._timeout = timeout
+        self._session: Any = None
+
+    @classmethod
+    def in_cluster(cls, *, timeout: float = 10.0) -> KubeAPI:
+        """The API server as a pod sees it (`RLSLICE_KUBE_API` overrides, for tests)."""
+        server = os.environ.get("RLSLICE_KUBE_API")
+        if not server:
+            host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            server = f"https://{host}:{port}"
+        token_file = SERVICE_ACCOUNT / "token"
+        ca_file = SERVICE_ACCOUNT / "ca.crt"
+        return cls(
+            server,
+            token=token_file.read_text().strip() if token_file.exists() else None,
+            ca_file=ca_file if ca_file.exists() else None,
+            timeout=timeout,
+        )
+
+    async def request(
+        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        """The decoded answer; raises KubeError for any status but 2xx."""
+        import aiohttp
+
+        if self._session is None:
+            context = ssl.create_default_context(
+                cafile=str(self._ca_file) if self._ca_file else None
+            )
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=context),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+            )
+        headers = {"Accept": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body)
+        try:
+            async with self._session.request(
+                method, self.server + path, data=data, headers=headers
+            ) as response:
+                text = await response.text()
+                if response.status // 100 != 2:
+                    raise KubeError(response.status, text)
+                return json.loads(text) if text else {}
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeError(0, str(error) or type(error).__name__) from None
+
+    async def close(self) -> None:
+        """Close the session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def namespace_in_cluster() -> str:
+    """This pod's namespace (`RLSLICE_NAMESPACE` overrides)."""
+    explicit = os.environ.get("RLSLICE_NAMESPACE")
+    if explicit:
+        return explicit
+    file = SERVICE_ACCOUNT / "namespace"
+    return file.read_text().strip() if file.exists() else "default"
+
+
+class KubernetesStore:
+    """Group states and agents in ConfigMaps named `<prefix>-group-<group>` and
+    `<prefix>-agents`, labelled `rlslice.dev/store=<prefix>`."""
+
+    def __init__(self, api: KubeAPI, namespace: str, prefix: str = "rlslice-scheduler") -> None:
+        self.api = api
+        self.namespace = namespace
+        self.prefix = prefix
+        self._dirty: dict[str, GroupState | None] = {}  # None: delete
+        self._agents: dict[str, AgentRecord] = {}
+        self._agents_dirty = False
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_spec(cls, spec: str) -> KubernetesStore:
+        """`kubernetes` or `kubernetes:<prefix>`, in this pod's namespace."""
+        _, _, prefix = spec.partition(":")
+        return cls(KubeAPI.in_cluster(), namespace_in_cluster(), prefix or "rlslice-scheduler")
+
+    # --- names -------------------------------------------------------------------------
+
+    def _path(self, name: str | None = None) -> str:
+        base = f"/api/v1/namespaces/{self.namespace}/configmaps"
+        return f"{base}/{name}" if name else base
+
+    def _group_object(self, group: str) -> str:
+        return f"{self.prefix}-group-{group}"
+
+    @property
+    def _agents_object(self) -> str:
+        return f"{self.prefix}-agents"
+
+    def _configmap(self, name: str, data: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {
+                    STORE_LABEL: self.prefix,
+                    "app.kubernetes.io/name": "rlslice",
+                    "app.kubernetes.io/component": "scheduler-state",
+                },
+            },
+            "data": data,
+        }
+
+    # --- Store protocol ----------------------------------------------------------------
+
+    async def load(self) -> Loaded:
+        listing = await self.api.request(
+            "GET", self._path() + f"?labelSelector={STORE_LABEL}%3D{self.prefix}"
+        )
+        groups: dict[str, GroupState] = {}
+        agents: dict[str, AgentRecord] = {}
+        group_prefix = f"{self.prefix}-group-"
+        for item in listing.get("items") or []:
+            meta = item.get("metadata") or {}
+            if (meta.get("labels") or {}).get(STORE_LABEL) != self.prefix:
+                continue  # an API server without label selectors (or a stranger)
+            name = str(meta.get("name", ""))
+            data = item.get("data") or {}
+            if name.startswith(group_prefix) and "state" in data:
+                state = decode_group(json.loads(data["state"]))
+                groups[state.name] = state
+            elif name == self._agents_object:
+                for node, text in data.items():
+                    record = json.loads(text)
+                    record["backends"] = tuple(record["backends"])
+                    record["device_total_bytes"] = tuple(record["device_total_bytes"])
+                    agents[node] = AgentRecord(**record)
+        self._agents = dict(agents)
+        return Loaded(groups, agents)
+
+    def save_group(self, state: GroupState) -> None:
+        self._dirty[state.name] = state
+        self._kick()
+
+    def delete_group(self, name: str) -> None:
+        self._dirty[name] = None
+        self._kick()
+
+    def save_agent(self, agent: AgentRecord) -> None:
+        self._agents[agent.node] = agent
+        self._agents_dirty = True
+        self._kick()
+
+    def delete_agent(self, node: str) -> None:
+        self._agents.pop(node, None)
+        self._agents_dirty = True
+        self._kick()
+
+    async def flush(self) -> None:
+        while self._dirty or self._agents_dirty or not self._idle.is_set():
+            self._kick()
+            await self._idle.wait()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Flush (for at most `timeout` seconds: the API may be gone) and stop writing."""
+        try:
+            await asyncio.wait_for(self.flush(), timeout)
+        except TimeoutError:
+            log.error("kubernetes store: unwritten state left after %.0fs", timeout)
+        self._closed = True
+        if self._writer is not None:
+            self._writer.cancel()
+            try:
+                await self._writer
+            except asyncio.CancelledError:
+                pass
+        await self.api.close()
+
+    # --- the background writer ---------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self._closed:
+            return
+        self._idle.clear()
+        self._wake.set()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_loop(), name="kubernetes-store-writer"
+            )
+
+    async def _write_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._dirty or self._agents_dirty:
+                try:
+                    await self._write_once()
+                    backoff = 0.1
+                except KubeError as error:
+                    log.warning("kubernetes store: %s; retrying in %.1fs", error, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+            self._idle.set()
+
+    async def _write_once(self) -> None:
+        if self._dirty:
+            name, state = next(iter(self._dirty.items()))
+            await self._write_group(name, state)
+            if self._dirty.get(name) is state:  # not replaced meanwhile
+                del self._dirty[name]
+            return
+        self._agents_dirty = False
+        data = {
+            node: json.dumps(asdict(a), separators=(",", ":")) for node, a in self._agents.items()
+        }
+        try:
+            await self._put(self._agents_object, data)
+        except KubeError:
+            self._agents_dirty = True
+            raise
+
+    async def _write_group(self, name: str, state: GroupState | None) -> None:
+        if state is None:
+            try:
+                await self.api.request("DELETE", self._path(self._group_object(name)))
+            except KubeError as error:
+                if error.status != 404:
+                    raise
+            return
+        text = json.dumps(encode_group(state), separators=(",", ":"))
+        await self._put(self._group_object(name), {"state": text})
+
+    async def _put(self, name: str, data: dict[str, str]) -> None:
+        """Replace the ConfigMap's data (create it when missing)."""
+        body = self._configmap(name, data)
+        try:
+            # A JSON patch sets `data` wholly (a merge patch would keep deleted keys); "add"
+            # also works where the API server dropped an empty `data`.
+            await self.api.request(
+                "PATCH",
+                self._path(name),
+                [{"op": "add", "path": "/data", "value": data}],
+                content_type="application/json-patch+json",
+            )
+        except KubeError as error:
+            if error.status != 404:
+                raise
+            await self.api.request("POST", self._path(), body)
