@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import mmap
 import os
 import shutil
 import threading
@@ -96,25 +95,38 @@ async def _in_thread(fn: Callable[[], int], pacer: _Pacer) -> int:
 
 
 def _copy(source: Path, target_fd: int, size: int, pacer: _Pacer, done: int) -> int:
-    """Copy `size` bytes of `source` into `target_fd` from offset 0; return bytes done."""
-    with open(source, "rb") as handle:
-        mapping = mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ)
-        try:
-            view = memoryview(mapping)
-            try:
-                for offset in range(0, size, _CHUNK):
-                    with view[offset : offset + _CHUNK] as chunk:
-                        written = 0
-                        while written < len(chunk):
-                            with chunk[written:] as rest:
-                                written += os.pwrite(target_fd, rest, offset + written)
-                        done += len(chunk)
-                    pacer.after(done)
-            finally:
-                view.release()
-        finally:
-            mapping.close()
+    """Copy `size` bytes of `source` into `target_fd` from offset 0; return bytes done.
+
+    copy_file_range keeps the bytes in the kernel: no mapping of the job's memory here."""
+    source_fd = os.open(source, os.O_RDONLY)
+    try:
+        offset = 0
+        while offset < size:
+            step = min(_CHUNK, size - offset)
+            end = offset + step
+            while offset < end:
+                copied = os.copy_file_range(source_fd, target_fd, end - offset, offset, offset)
+                if copied == 0:
+                    raise OSError(f"{source.name}: shorter than {size} bytes")
+                offset += copied
+            done += step
+            pacer.after(done)
+    finally:
+        os.close(source_fd)
     return done
+
+
+def _discard(folder: Path) -> None:
+    """Remove `folder` off the caller's path: rename it aside now, free its pages later."""
+    if not folder.exists():
+        return
+    trash = folder.with_name(f".trash-{folder.name}-{time.monotonic_ns()}")
+    try:
+        folder.rename(trash)
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
 
 
 class SimBackend:
@@ -130,6 +142,8 @@ class SimBackend:
         capacity = int(_float(options, "capacity_bytes", 16 * GiB))
         self._rate = _float(options, "rate_gbps", 0.0)
         self._overhead = _float(options, "overhead_seconds", 0.0)
+        for leftover in (self.node_dir / _simfs.PARKED_DIR).glob(".trash-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         self.devices_table = [
             _simfs.SimDevice(i, capacity, f"sim{i}") for i in range(max(1, count))
         ]
@@ -245,9 +259,10 @@ class SimBackend:
         except (OSError, TimeoutError, KeyError, ValueError) as error:
             raise BackendError(f"restore of job {job.job}: {error}") from error
         await asyncio.sleep(overhead)
-        # The parked copy is gone from the manifest's point of view: resume, then clean up.
+        # The parked copy is gone from the manifest's point of view: resume, then clean up
+        # (freeing the copy's pages is the kernel's work, done off the switch's path).
         _freeze.resume(job.pids)
-        shutil.rmtree(_simfs.parked_dir(self.node_dir, job.job), ignore_errors=True)
+        _discard(_simfs.parked_dir(self.node_dir, job.job))
         return MoveOutcome(moved, time.perf_counter() - started)
 
     def _load(self, job: str, entries: list[dict[str, object]], pacer: _Pacer) -> int:
