@@ -23,7 +23,7 @@ from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.service import METHOD_ROLES, SchedulerService
 from rlslice.scheduler.settings import SchedulerSettings
-from rlslice.scheduler.store import open_store
+from rlslice.scheduler.store import Store, open_store
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,14 @@ class RunningScheduler:
         await self._stopped.wait()
 
 
-async def start_scheduler(settings: SchedulerSettings) -> RunningScheduler:
-    """Load state, resume interrupted switches, bind the port, and serve."""
+async def start_scheduler(
+    settings: SchedulerSettings, *, store: Store | None = None
+) -> RunningScheduler:
+    """Load state, resume interrupted switches, bind the port, and serve.
+
+    `store` overrides `settings.store` with any `Store` implementation (the Kubernetes
+    store, or one `MemoryStore` shared by two schedulers in a test of restarts).
+    """
     metrics = SchedulerMetrics()
     coordinator = Coordinator(
         token=settings.agent_token,
@@ -88,7 +94,7 @@ async def start_scheduler(settings: SchedulerSettings) -> RunningScheduler:
         backoff=settings.retry_backoff_seconds,
     )
     engine = Engine(
-        open_store(settings.store),
+        store if store is not None else open_store(settings.store),
         coordinator,
         metrics,
         auto_create_groups=settings.auto_create_groups,

@@ -12,7 +12,12 @@ __all__ = ["AgentRecord", "Loaded", "MemoryStore", "SQLiteStore", "Store", "open
 
 
 def open_store(spec: str | Path) -> Store:
-    """`"memory"` or a path to a SQLite file (created if missing)."""
+    """`"memory"`, `"kubernetes[:prefix]"` (ConfigMaps in this pod's namespace), or a path
+    to a SQLite file (created if missing)."""
     if str(spec) == "memory":
         return MemoryStore()
+    if str(spec) == "kubernetes" or str(spec).startswith("kubernetes:"):
+        from rlslice.scheduler.store.kubernetes import KubernetesStore
+
+        return KubernetesStore.from_spec(str(spec))
     return SQLiteStore(spec)

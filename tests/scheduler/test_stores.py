@@ -121,3 +121,16 @@ def test_a_file_from_a_newer_build_is_refused(tmp_path: Path) -> None:
 def test_both_stores_satisfy_the_protocol(tmp_path: Path) -> None:
     assert isinstance(MemoryStore(), Store)
     assert isinstance(SQLiteStore(tmp_path / "s.db"), Store)
+
+
+async def test_a_store_object_can_be_handed_to_start_scheduler() -> None:
+    from rlslice.scheduler import SchedulerSettings, start_scheduler
+
+    store = MemoryStore()
+    settings = SchedulerSettings(address="127.0.0.1:0", groups=(GroupSpec(name="g"),))
+    first = await start_scheduler(settings, store=store)
+    first.engine.register("g", "a", 30, None, None, 0)
+    await first.stop(0)
+    second = await start_scheduler(settings.model_copy(update={"groups": ()}), store=store)
+    assert list(second.engine.groups["g"].state.jobs) == ["a"]
+    await second.stop(0)

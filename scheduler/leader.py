@@ -1,0 +1,310 @@
+"""Leader election with a coordination.k8s.io/v1 Lease, so two scheduler replicas never
+both act.
+
+`decide()` is the pure rule (time passed in): take a missing or expired lease, renew our
+own, otherwise wait. `LeaseElector` is the thin adapter: it reads the Lease and writes its
+decision with a compare-and-swap (a JSON patch whose `test` operations pin the holder and
+renew time it read), so of two replicas racing for an expired lease exactly one wins. A
+leader believes it leads only until its last successful renewal plus the renew deadline
+(two thirds of the lease), a margin that covers clock skew and a slow API server.
+
+`ElectedScheduler` runs `start_scheduler` only while this replica leads. The standby keeps
+the gRPC port with a health service that says SERVING overall (so liveness probes pass)
+and NOT_SERVING for `rlslice.v1alpha1.Scheduler` (so readiness fails and the Service sends
+no job there). A replica that loses the lease stops its scheduler at once and stands by;
+the new leader loads the state the old one stored (KubernetesStore).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rlslice.scheduler.store.kubernetes import KubeAPI, KubeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The fields of a Lease that election reads and writes (times in Unix seconds)."""
+
+    holder: str
+    duration: float
+    acquired: float
+    renewed: float
+    transitions: int = 0
+
+    def expired(self, now: float) -> bool:
+        """Whether the lease no longer binds anyone (released, or not renewed in time)."""
+        return not self.holder or now >= self.renewed + self.duration
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to write, and whether this replica leads once the write succeeds."""
+
+    write: LeaseRecord | None
+    """The record to write; None when there is nothing to write (someone else leads)."""
+    create: bool = False
+    """The Lease does not exist yet: create it instead of updating it."""
+
+    @property
+    def leading(self) -> bool:
+        return self.write is not None
+
+
+def decide(current: LeaseRecord | None, me: str, now: float, duration: float) -> Decision:
+    """The election rule, pure."""
+    if current is None:
+        return Decision(LeaseRecord(me, duration, now, now, 0), create=True)
+    if current.holder == me:
+        return Decision(replace(current, renewed=now, duration=duration))
+    if current.expired(now):
+        return Decision(LeaseRecord(me, duration, now, now, current.transitions + 1))
+    return Decision(None)
+
+
+def released(current: LeaseRecord, me: str, now: float) -> LeaseRecord | None:
+    """The record that hands the lease over at once (empty holder), if we hold it."""
+    if current.holder != me:
+        return None
+    return replace(current, holder="", renewed=now)
+
+
+# --- Lease objects <-> records (pure) -------------------------------------------------------
+
+
+def format_time(seconds: float) -> str:
+    """A Kubernetes MicroTime: RFC 3339 with microseconds, UTC."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str | None) -> float:
+    """Unix seconds from a MicroTime (0 for none)."""
+    if not text:
+        return 0.0
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def record_from_lease(lease: dict[str, Any]) -> LeaseRecord:
+    spec = lease.get("spec") or {}
+    return LeaseRecord(
+        holder=str(spec.get("holderIdentity") or ""),
+        duration=float(spec.get("leaseDurationSeconds") or 0),
+        acquired=parse_time(spec.get("acquireTime")),
+        renewed=parse_time(spec.get("renewTime")),
+        transitions=int(spec.get("leaseTransitions") or 0),
+    )
+
+
+def lease_spec(record: LeaseRecord) -> dict[str, Any]:
+    return {
+        "holderIdentity": record.holder,
+        # The API wants whole seconds; round up so nobody reads a shorter lease.
+        "leaseDurationSeconds": max(1, int(-(-record.duration // 1))),
+        "acquireTime": format_time(record.acquired),
+        "renewTime": format_time(record.renewed),
+        "leaseTransitions": record.transitions,
+    }
+
+
+# --- the adapter ----------------------------------------------------------------------------
+
+
+class LeaseElector:
+    """Campaigns for one Lease; `leading` says whether this replica may act now."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        duration: float = 15.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.duration = duration
+        self.retry_period = retry_period
+        self._clock = clock
+        self._valid_until = 0.0
+        self._seen: dict[str, Any] | None = None  # the Lease's spec as last read
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    @property
+    def leading(self) -> bool:
+        """True until the renew deadline after our last successful write."""
+        return self._clock() < self._valid_until
+
+    async def step(self) -> bool:
+        """Read, decide, write once; whether we lead afterwards. API errors: not leading."""
+        started = self._clock()
+        try:
+            current = await self._read()
+            decision = decide(current, self.identity, started, self.duration)
+            if decision.write is not None:
+                await self._write(decision.write, create=decision.create)
+                self._valid_until = started + self.duration * 2 / 3
+        except KubeError as error:
+            if error.status not in (409, 422, 500):  # 409/422/500: lost a race, not a fault
+                log.warning("leader election: %s", error)
+        return self.leading
+
+    async def release(self) -> None:
+        """Hand the lease over at once (on a clean shutdown)."""
+        self._valid_until = 0.0
+        try:
+            current = await self._read()
+            if current is not None:
+                record = released(current, self.identity, self._clock())
+                if record is not None:
+                    await self._write(record, create=False)
+        except KubeError as error:
+            log.warning("leader election: releasing: %s", error)
+
+    async def _read(self) -> LeaseRecord | None:
+        try:
+            lease = await self.api.request("GET", self.path)
+        except KubeError as error:
+            if error.status == 404:
+                self._seen = None
+                return None
+            raise
+        self._seen = dict(lease.get("spec") or {})
+        return record_from_lease(lease)
+
+    async def _write(self, record: LeaseRecord, *, create: bool) -> None:
+        if create:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": lease_spec(record),
+            }
+            await self.api.request("POST", self.path.rsplit("/", 1)[0], body)
+            return
+        # Compare-and-swap: the write applies only if the Lease is still as we read it.
+        seen = self._seen or {}
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": f"/spec/{field}", "value": seen[field]}
+            for field in ("holderIdentity", "renewTime")
+            if field in seen
+        ]
+        ops.append({"op": "add", "path": "/spec", "value": lease_spec(record)})
+        await self.api.request("PATCH", self.path, ops, content_type="application/json-patch+json")
+
+
+class ElectedScheduler:
+    """A scheduler replica that serves only while it holds the Lease."""
+
+    def __init__(self, settings: Any, elector: LeaseElector) -> None:
+        self.settings = settings
+        self.elector = elector
+        self.running: Any = None  # RunningScheduler while leading
+        self._standby: Any = None  # grpc.aio.Server while standing by
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self.address: str = settings.address
+
+    async def start(self) -> None:
+        """Bind the port as a standby and start campaigning."""
+        await self._stand_by()
+        self._task = asyncio.get_running_loop().create_task(self._campaign(), name="election")
+
+    @property
+    def leading(self) -> bool:
+        return self.running is not None
+
+    async def wait_changed(self) -> None:
+        """Return at the next change of leadership."""
+        self._changed.clear()
+        await self._changed.wait()
+
+    async def _campaign(self) -> None:
+        while True:
+            leading = await self.elector.step()
+            if leading and self.running is None:
+                try:
+                    await self._lead()
+                except Exception:  # the store or the port: stand by, hand over, retry
+                    log.exception("could not start leading %s", self.elector.name)
+                    if self._standby is None:
+                        await self._stand_by()
+                    await self.elector.release()
+            elif not leading and self.running is not None:
+                log.warning("lost the lease %s: stopping the scheduler", self.elector.name)
+                await self._step_down()
+            await asyncio.sleep(self.elector.retry_period)
+
+    async def _lead(self) -> None:
+        from rlslice.scheduler.server import start_scheduler
+
+        await self._stop_standby()
+        self.running = await start_scheduler(
+            self.settings.model_copy(update={"address": self.address})
+        )
+        log.info("leading %s as %s", self.elector.name, self.elector.identity)
+        self._changed.set()
+
+    async def _step_down(self) -> None:
+        running, self.running = self.running, None
+        await running.stop(0)
+        await self._stand_by()
+        self._changed.set()
+
+    async def _stand_by(self) -> None:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_health.v1._async import HealthServicer
+
+        from rlslice._channel import SERVER_OPTIONS, add_port
+        from rlslice.scheduler.server import SERVICE_NAME
+
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        health = HealthServicer()
+        await health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        host = self.address.rsplit(":", 1)[0]
+        port = add_port(server, self.address, self.settings.tls)
+        if port == 0:
+            raise OSError(f"address: cannot bind {self.address}")
+        self.address = f"{host}:{port}"  # keep the port for the scheduler that follows
+        await server.start()
+        self._standby = server
+
+    async def _stop_standby(self) -> None:
+        if self._standby is not None:
+            await self._standby.stop(0)
+            self._standby = None
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop campaigning and serving; `release=False` leaves the lease to expire
+        (what a crash does)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.running is not None:
+            running, self.running = self.running, None
+            await running.stop(0)
+        await self._stop_standby()
+        if release:
+            await self.elector.release()
+        await self.elector.api.close()
