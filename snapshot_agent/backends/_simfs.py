@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,11 +80,24 @@ def read_devices(node_dir: Path) -> list[SimDevice]:
 
 
 @contextlib.contextmanager
-def device_lock(node_dir: Path, index: int) -> Iterator[None]:
-    """Hold device `index`'s capacity lock (shared with jobs allocating on it)."""
+def device_lock(node_dir: Path, index: int, deadline: float) -> Iterator[None]:
+    """Hold device `index`'s capacity lock (shared with jobs allocating on it).
+
+    A job stopped while allocating still holds the lock, so the agent never blocks on it
+    past `deadline` (`time.time()` clock): TimeoutError then.
+    """
     fd = os.open(node_dir / f"d{index}.lock", os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        delay = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    raise TimeoutError(f"device {index}: its lock stayed taken") from None
+                time.sleep(delay)  # in a worker thread
+                delay = min(delay * 2, 0.05)
         yield
     finally:
         os.close(fd)  # closing drops the lock

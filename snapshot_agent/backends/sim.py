@@ -64,14 +64,14 @@ class _Pacer:
 
     def __init__(self, rate_gbps: float, deadline: float) -> None:
         self._rate = rate_gbps * 1e9
-        self._deadline = deadline
+        self.deadline = deadline
         self._start = time.perf_counter()
         self.cancelled = threading.Event()
 
     def check(self) -> None:
         if self.cancelled.is_set():
             raise TimeoutError("the move was cancelled")
-        if time.time() > self._deadline:
+        if time.time() > self.deadline:
             raise TimeoutError("the copy ran past the deadline")
 
     def after(self, done: int) -> None:
@@ -276,7 +276,7 @@ class SimBackend:
         grown: list[Path] = []
         try:
             for index, items in sorted(wanted.items()):
-                self._take_capacity(index, items, grown)
+                self._take_capacity(index, items, grown, pacer.deadline)
             done = 0
             for items in wanted.values():
                 for path, size in items:
@@ -296,9 +296,11 @@ class SimBackend:
         (park / _simfs.MANIFEST).unlink()
         return done
 
-    def _take_capacity(self, index: int, items: list[tuple[Path, int]], grown: list[Path]) -> None:
+    def _take_capacity(
+        self, index: int, items: list[tuple[Path, int]], grown: list[Path], deadline: float
+    ) -> None:
         total = next((d.total_bytes for d in self.devices_table if d.index == index), 0)
-        with _simfs.device_lock(self.node_dir, index):
+        with _simfs.device_lock(self.node_dir, index, deadline):
             used = _simfs.used_bytes(self.node_dir).get(index, 0)
             needed = sum(max(0, size - _size_of(path)) for path, size in items)
             if used + needed > total:

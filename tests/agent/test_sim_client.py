@@ -6,6 +6,7 @@ Case matrix:
 - free() gives the memory back
 - bad sizes and missing devices fail with messages naming the problem
 - the node folder comes from RLSLICE_SIM_ROOT + RLSLICE_NODE when not given
+- the agent never waits past its deadline for a device lock a frozen job holds
 """
 
 from __future__ import annotations
@@ -79,3 +80,26 @@ def test_the_node_folder_comes_from_the_environment(
     device = sim.attach(1)
     assert (device.node_dir, device.index, device.job) == (node_dir, 1, "job-e")
     assert device.total_bytes == 16 * MiB
+
+
+def test_the_agent_gives_up_on_a_device_lock_a_stopped_job_still_holds(node_dir: Path) -> None:
+    import fcntl
+    import os
+    import time
+
+    from rlslice.snapshot_agent.backends import _simfs
+
+    holder = os.open(node_dir / "d0.lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # as a job frozen in the middle of alloc() would
+    try:
+        started = time.monotonic()
+        with (
+            pytest.raises(TimeoutError, match="device 0"),
+            _simfs.device_lock(node_dir, 0, time.time() + 0.2),
+        ):
+            pass
+        assert time.monotonic() - started < 2
+    finally:
+        os.close(holder)
+    with _simfs.device_lock(node_dir, 0, time.time() + 1):
+        pass
