@@ -3,6 +3,7 @@ callers saw (open calls, grants, failures)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -125,6 +126,23 @@ class Live:
             job=job, group=group, lease_id=lease.lease_id, secret=lease.secret
         )
         return await self.stub.Yield(request)
+
+    async def waiting(self, job: str, group: str = "g", timeout: float = 5.0) -> None:
+        """Return once `job`'s Acquire has reached the scheduler (queued, switching in, or
+        granted), woken by the group's events rather than by sleeping."""
+        events = self.engine.watch(group)
+        try:
+            while not self._arrived(job, group):
+                await asyncio.wait_for(events.get(), timeout)
+        finally:
+            self.engine.unwatch(group, events)
+
+    def _arrived(self, job: str, group: str) -> bool:
+        s = self.engine.groups[group].state
+        switching = s.switch is not None and s.switch.incoming == job and s.switch.ticket
+        return (
+            s.holder == job or bool(switching) or any(w.job == job and w.attached for w in s.queue)
+        )
 
     async def group(self, name: str = "g") -> Any:
         from rlslice.v1alpha1 import scheduler_pb2 as pb

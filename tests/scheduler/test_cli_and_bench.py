@@ -87,7 +87,7 @@ async def test_status_shows_holder_and_queue(
         b = await live.register("b")
         await live.acquire("a", a)
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         args = _parse(_cmd_status, ["g", "--scheduler", live.running.address, "--json"])
         assert await asyncio.to_thread(_cmd_status.run, args) == 0
         shown = json.loads(capsys.readouterr().out)

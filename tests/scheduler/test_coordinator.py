@@ -138,7 +138,7 @@ async def test_a_switch_snapshots_everywhere_then_restores_everywhere(
     async with start_live(**FAST) as live:
         a, b = await _two_jobs(live, agents)
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         await live.yield_("a", a)
         grant = await asyncio.wait_for(waiting, 5)
         assert grant.restored is False  # b never ran: nothing to restore
@@ -150,7 +150,7 @@ async def test_a_switch_snapshots_everywhere_then_restores_everywhere(
         assert (list(status.parked), list(status.resident)) == (["a"], ["b"])
         assert list(status.nodes) == ["n1", "n2", "n3"]
         again = asyncio.ensure_future(live.acquire("a", a))
-        await asyncio.sleep(0.05)
+        await live.waiting("a")
         await live.yield_("b", b)
         grant = await asyncio.wait_for(again, 5)
         assert grant.restored is True
@@ -169,7 +169,7 @@ async def test_an_incoming_job_that_fits_is_granted_without_eviction(
     async with start_live(**FAST) as live:
         a, b = await _two_jobs(live, agents)
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         await live.yield_("a", a)
         grant = await asyncio.wait_for(waiting, 5)
         assert grant.moved_bytes == 0
@@ -194,7 +194,7 @@ async def test_a_failing_node_rolls_the_snapshot_back_and_the_waiter_gets_a_reas
     async with start_live(**FAST) as live:
         a, b = await _two_jobs(live, agents)
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         await live.yield_("a", a)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await asyncio.wait_for(waiting, 10)
@@ -219,16 +219,16 @@ async def test_a_restore_that_keeps_failing_faults_the_job_and_serves_the_next(
         a, b = await _two_jobs(live, agents)
         c = await live.register("c", device_bytes=1)
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         await live.yield_("a", a)
         await asyncio.wait_for(waiting, 5)
         for fake in agents:
             fake.jobs["b"] = FakeJob(device=6 * GIB)
         agents[1].fail["restore"] = grpc.StatusCode.RESOURCE_EXHAUSTED
         back = asyncio.ensure_future(live.acquire("a", a))
-        await asyncio.sleep(0.05)
+        await live.waiting("a")
         then = asyncio.ensure_future(live.acquire("c", c))
-        await asyncio.sleep(0.05)
+        await live.waiting("c")
         await live.yield_("b", b)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await asyncio.wait_for(back, 10)
@@ -263,7 +263,7 @@ async def test_a_groups_nodes_limit_the_switch_to_those_agents(
         a, b = await _two_jobs(live, agents)
         live.engine.put_group(GroupSpec(name="g", nodes=("n1", "n2")))
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         await live.yield_("a", a)
         await asyncio.wait_for(waiting, 5)
         assert [bool(fake.calls) for fake in agents] == [True, True, False]
@@ -279,7 +279,7 @@ async def test_a_switch_cut_by_a_restart_is_completed_on_start(
     async with start_live(store=path, **FAST) as live:
         a, b = await _two_jobs(live, agents)
         waiting = asyncio.ensure_future(live.acquire("b", b))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         await live.yield_("a", a)
         await asyncio.wait_for(asyncio.gather(*(f.restore_entered.wait() for f in agents)), 5)
         switch = live.engine.groups["g"].state.switch

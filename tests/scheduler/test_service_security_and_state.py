@@ -86,13 +86,15 @@ async def test_a_restart_on_the_same_file_keeps_holder_queue_parked_and_epoch(
         leases = {job: await live.register(job) for job in "abcd"}
         await live.acquire("b", leases["b"])
         waiting_d = asyncio.ensure_future(live.acquire("d", leases["d"]))
-        await asyncio.sleep(0.05)
+        await live.waiting("d")
         await live.yield_("b", leases["b"])
         await waiting_d
         await live.yield_("d", leases["d"])
         await live.acquire("a", leases["a"])
-        calls = [asyncio.ensure_future(live.acquire(job, leases[job])) for job in "cb"]
-        await asyncio.sleep(0.05)
+        calls = []
+        for job in "cb":  # one after the other, so the queue order is known
+            calls.append(asyncio.ensure_future(live.acquire(job, leases[job])))
+            await live.waiting(job)
         before = await live.group()
         assert before.holder == "a"
         assert list(before.queue) == ["c", "b"]
@@ -109,7 +111,7 @@ async def test_a_restart_on_the_same_file_keeps_holder_queue_parked_and_epoch(
         assert after.epoch == before.epoch
         # b calls again: it keeps its place behind c, who has not come back yet.
         waiting_b = asyncio.ensure_future(live.acquire("b", leases["b"]))
-        await asyncio.sleep(0.05)
+        await live.waiting("b")
         assert list((await live.group()).queue) == ["c", "b"]
         answer = await live.yield_("a", leases["a"])  # the old lease still proves a
         assert answer.waiters == 1
@@ -161,7 +163,7 @@ async def test_a_holder_past_max_hold_is_asked_to_yield_then_preempted(live: Liv
     late = await live.yield_("a", a)  # a believed it held: its yield is accepted
     assert late.snapshot_deferred is False
     again = asyncio.ensure_future(live.acquire("a", a))
-    await asyncio.sleep(0.05)
+    await live.waiting("a")
     await live.yield_("b", b)
     assert (await asyncio.wait_for(again, 5)).job == "a"
     kinds = [e.kind for e in (await live.stub.GetEvents(pb.GetEventsRequest(group="g"))).events]
