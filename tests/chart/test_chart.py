@@ -84,6 +84,7 @@ def test_the_defaults_render_every_component(default_objects: list[dict[str, Any
         ("Secret", "webhook"),
         ("DaemonSet", "agent"),
         ("Secret", "tokens"),
+        ("Role", "scheduler"),
     } <= kinds
 
 
@@ -160,10 +161,35 @@ def test_a_values_typo_fails_the_schema(helm: Path, setting: str, field: str) ->
     assert field in result.stderr
 
 
-def test_several_memory_scheduler_replicas_are_refused(helm: Path) -> None:
+def test_several_scheduler_replicas_are_refused_until_the_command_elects_a_leader(
+    helm: Path,
+) -> None:
     result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "scheduler.replicas=2")
     assert result.returncode != 0
-    assert "shared store" in result.stderr
+    assert "replicas" in result.stderr
+
+
+def test_the_kubernetes_store_gets_configmaps_in_its_namespace_only(
+    default_objects: list[dict[str, Any]], full_objects: list[dict[str, Any]]
+) -> None:
+    role = find(default_objects, "Role", "scheduler")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "create", "patch", "delete"],
+        }
+    ]
+    assert (
+        find(default_objects, "RoleBinding", "scheduler")["subjects"][0]["namespace"] == NAMESPACE
+    )
+    scheduler = find(default_objects, "Deployment", "scheduler")
+    assert env_of(scheduler)["RLSLICE_STORE"] == "kubernetes"
+    assert scheduler["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    # The SQLite store needs no API access: no Role, no token.
+    assert not [o for o in full_objects if o["kind"] == "Role"]
+    pod = find(full_objects, "Deployment", "scheduler")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_every_rbac_rule_says_which_feature_needs_it() -> None:
