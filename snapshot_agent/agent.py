@@ -100,12 +100,17 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
     health_servicer = HealthServicer()
     server = grpc.aio.server(
         interceptors=[TokenAuthInterceptor({Role.AGENT: settings.token or ""}, METHOD_ROLES)],
-        options=SERVER_OPTIONS,
+        # No SO_REUSEPORT: a second agent on a taken port must fail, not share its calls.
+        options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
     )
     agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(engine), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = add_port(server, settings.address, settings.tls)
+    try:
+        port = add_port(server, settings.address, settings.tls)
+    except RuntimeError:
+        port = 0
     if port == 0:
+        await engine.close()
         raise InvalidArgumentError(f"address: cannot bind {settings.address}")
 
     relay = PeerCredRelay(settings.socket_path, settings.socket_mode)
@@ -120,6 +125,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
     except BaseException:
         await asyncio.gather(server.stop(0), local_server.stop(0))
         await relay.stop()
+        await engine.close()
         raise
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -246,3 +246,10 @@ def test_the_client_and_the_agent_agree_on_default_paths_and_names(
     assert default_socket_path().name == "agent.sock"
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
     assert client_socket() == default_socket_path() == Path("/run/user/1234/rlslice/agent.sock")
+
+
+async def test_an_address_already_taken_is_refused_naming_the_field(
+    agent: RunningAgent, make_settings: Callable[..., AgentSettings]
+) -> None:
+    with pytest.raises(InvalidArgumentError, match="^address: cannot bind"):
+        await start_agent(make_settings("n2", address=agent.address))
