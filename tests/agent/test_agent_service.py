@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlslice._channel import open_channel
 from rlslice._errors import InvalidArgumentError
-from rlslice.snapshot_agent import AgentSettings, start_agent
+from rlslice.snapshot_agent import AgentSettings, RunningAgent, start_agent
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
 
@@ -251,5 +251,5 @@ def test_the_client_and_the_agent_agree_on_default_paths_and_names(
 async def test_an_address_already_taken_is_refused_naming_the_field(
     agent: RunningAgent, make_settings: Callable[..., AgentSettings]
 ) -> None:
-    with pytest.raises(InvalidArgumentError, match="^address: cannot bind"):
+    with pytest.raises(InvalidArgumentError, match=r"^address: cannot bind"):
         await start_agent(make_settings("n2", address=agent.address))
