@@ -65,7 +65,7 @@ def _resolve_operator_folder_in_editable_installs() -> None:
             spec.submodule_search_locations = [str(folder)]
             return spec
 
-    sys.meta_path.append(_OperatorFolderFinder)  # type: ignore[arg-type]
+    sys.meta_path.append(_OperatorFolderFinder)
 
 
 _resolve_operator_folder_in_editable_installs()
