@@ -9,7 +9,8 @@ Case matrix:
 | every label is one the metric has | matchers `{l=...}`, `by/on/group_left (l)` and `{{l}}` legends use the labels of the query's metrics, the target's (instance, job) or `le` |
 | every catalogued metric is on some panel | nothing exported goes unseen |
 | the panels the issue asks for | busy fraction, queue depth, acquire wait quantiles, switch seconds, switch GB/s, parked bytes per node, device memory used/total |
-| the chart ships it | a template reads `dashboards/rlslice.json` with .Files.Get behind `grafana.dashboard.enabled`; values and schema carry the key when they exist; .helmignore keeps the file |
+| the chart ships it | a template reads `dashboards/rlslice.json` with .Files.Get behind `grafana.dashboard.enabled`; values and schema carry the key; .helmignore keeps the file |
+| the real `helm template` | no dashboard ConfigMap by default; with the value on, one ConfigMap whose data is the dashboard JSON, with the sidecar label and the annotations given |
 | the docs name every metric | docs/observability.md mentions each catalogued name |
 """
 
@@ -161,3 +162,51 @@ def test_the_docs_name_every_metric(catalogue: ModuleType) -> None:
     docs = (ROOT / "docs" / "observability.md").read_text()
     missing = [name for name in catalogue.METRICS if name not in docs]
     assert missing == []
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """The real helm binary (tools/fetch_helm.py, as the chart tests get it)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "fetch_helm.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"helm could not be obtained: {result.stderr.strip()}", pytrace=False)
+    return Path(result.stdout.strip().splitlines()[-1]) / "helm"
+
+
+def rendered_configmaps(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    import subprocess
+
+    import yaml
+
+    args = [str(helm), "template", "rls", str(CHART), "--namespace", "obs"]
+    for item in sets:
+        args += ["--set", item]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return [
+        doc
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc
+        and doc["kind"] == "ConfigMap"
+        and doc["metadata"]["labels"].get("app.kubernetes.io/component") == "dashboard"
+    ]
+
+
+def test_helm_renders_the_dashboard_configmap_only_when_enabled(helm: Path) -> None:
+    assert rendered_configmaps(helm) == []
+    (configmap,) = rendered_configmaps(
+        helm, "grafana.dashboard.enabled=true", "grafana.dashboard.annotations.folder=GPU"
+    )
+    assert configmap["metadata"]["namespace"] == "obs"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["annotations"] == {"folder": "GPU"}
+    assert json.loads(configmap["data"]["rlslice.json"]) == dashboard()
