@@ -49,6 +49,10 @@ class AsyncClient:
     `RLSLICE_TLS_CA` / `RLSLICE_TLS_CERT` / `RLSLICE_TLS_KEY`. With no scheduler configured
     the client is disabled: every call passes through at once, so the same code runs alone.
 
+    `device_bytes` (the device memory the job expects to hold) helps the scheduler decide
+    whether jobs fit side by side; `on_yield_requested(group, preempt_in_seconds)` is called
+    when the scheduler asks the job to yield a group it held too long.
+
     Ids are checked here (InvalidArgumentError naming the field); nothing touches the network
     until the first call, which registers the job in the group (one lease per group, kept
     alive in the background until `close()`).
@@ -65,6 +69,7 @@ class AsyncClient:
         priority: int | None = None,
         weight: float | None = None,
         *,
+        device_bytes: int | None = None,
         on_yield_requested: YieldRequestedCallback | None = None,
     ) -> None:
         self._settings: ClientSettings = resolve_settings(
@@ -77,6 +82,7 @@ class AsyncClient:
             priority=priority,
             weight=weight,
             env=os.environ,
+            device_bytes=device_bytes,
         )
         self._conn: Connection | None = None
         self._leases: Leases | None = None

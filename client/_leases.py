@@ -106,7 +106,9 @@ class Leases:
 
     async def _register(self, group: str, deadline: float | None) -> pb.RegisterResponse:
         s = self._settings
-        request = pb.RegisterRequest(job=s.job, group=group, lease_seconds=s.lease_seconds)
+        request = pb.RegisterRequest(
+            job=s.job, group=group, lease_seconds=s.lease_seconds, device_bytes=s.device_bytes
+        )
         if s.priority is not None:
             request.priority = s.priority
         if s.weight is not None:

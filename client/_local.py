@@ -14,6 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -123,9 +124,8 @@ async def register_with_agent_async(
     request = _request(job, group, backend, modes, tags, local_server)
     async with grpc.aio.insecure_channel(_target(socket_path)) as channel:
         try:
-            response = await agent_pb2_grpc.LocalAgentStub(channel).Register(
-                request, timeout=timeout
-            )
+            stub: Any = agent_pb2_grpc.LocalAgentStub(channel)
+            response = await stub.Register(request, timeout=timeout)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
     return _answer(response)

@@ -53,6 +53,8 @@ class ClientSettings:
     """Weight sent at Register (fair policy), or None for the group's value."""
     agent_socket: str | None
     """The local agent's Unix socket to register this process with, or None."""
+    device_bytes: int = 0
+    """Device bytes the job expects to hold (0 if unknown), sent at Register for capacity checks."""
 
     @property
     def enabled(self) -> bool:
@@ -129,6 +131,7 @@ def resolve_settings(
     priority: int | None,
     weight: float | None,
     env: Mapping[str, str],
+    device_bytes: int | None = None,
 ) -> ClientSettings:
     """Validated settings from arguments, falling back to `env` for each absent one."""
     address = scheduler or _env(env, ENV_SCHEDULER)
@@ -149,6 +152,12 @@ def resolve_settings(
         or weight <= 0
     ):
         raise InvalidArgumentError(f"weight: must be a positive number, got {weight!r}")
+    if device_bytes is not None and (
+        isinstance(device_bytes, bool) or not isinstance(device_bytes, int) or device_bytes < 0
+    ):
+        raise InvalidArgumentError(
+            f"device_bytes: must be a non-negative integer, got {device_bytes!r}"
+        )
     return ClientSettings(
         scheduler=address,
         job=job or "",
@@ -159,4 +168,5 @@ def resolve_settings(
         priority=priority,
         weight=float(weight) if weight is not None else None,
         agent_socket=None if _env(env, ENV_AGENT_REGISTERED) else _env(env, ENV_AGENT_SOCKET),
+        device_bytes=device_bytes or 0,
     )

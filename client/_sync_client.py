@@ -47,6 +47,7 @@ class Client:
         priority: int | None = None,
         weight: float | None = None,
         *,
+        device_bytes: int | None = None,
         on_yield_requested: YieldRequestedCallback | None = None,
     ) -> None:
         callback = _off_loop(on_yield_requested) if on_yield_requested is not None else None
@@ -59,6 +60,7 @@ class Client:
             tls,
             priority,
             weight,
+            device_bytes=device_bytes,
             on_yield_requested=callback,
         )
         self._thread: LoopThread | None = None

@@ -10,7 +10,8 @@ Cases:
 - yield by a non-holder is refused (FailedPreconditionError), changing nothing;
 - one client uses several groups at once;
 - configuration from environment variables alone;
-- the scheduler's request to yield reaches yield_requested() and the callback.
+- the scheduler's request to yield reaches yield_requested() and the callback;
+- the device bytes a job announces reach the scheduler.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ from rlslice.client.testing import TestScheduler, scheduler_for_tests
 from rlslice.config import GroupSpec
 
 from .conftest import eventually
+
+
+async def test_the_device_bytes_a_job_announces_reach_the_scheduler(
+    sched: TestScheduler,
+) -> None:
+    async with AsyncClient(
+        job="a", group="gpus", scheduler=sched.address, device_bytes=3 << 20
+    ) as client:
+        await client.acquire()
+        status = await sched.group("gpus")
+        assert [(j.job, j.device_bytes) for j in status.jobs] == [("a", 3 << 20)]
 
 
 async def test_a_phase_holds_the_group_for_its_block(sched: TestScheduler) -> None:

@@ -36,6 +36,7 @@ def settings(env: dict[str, str] | None = None, **kwargs: Any) -> ClientSettings
         "tls": None,
         "priority": None,
         "weight": None,
+        "device_bytes": None,
     }
     arguments.update(kwargs)
     return resolve_settings(env=env or {}, **arguments)
@@ -86,6 +87,8 @@ def test_an_enabled_client_needs_a_job() -> None:
         ({"job": "ok", "lease_seconds": 0.5}, "lease_seconds"),
         ({"job": "ok", "lease_seconds": 7200}, "lease_seconds"),
         ({"job": "ok", "lease_seconds": float("inf")}, "lease_seconds"),
+        ({"job": "ok", "device_bytes": -1}, "device_bytes"),
+        ({"job": "ok", "device_bytes": 1.5}, "device_bytes"),
     ],
 )
 def test_bad_arguments_are_refused_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
