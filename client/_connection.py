@@ -15,7 +15,7 @@ import grpc
 from google.protobuf.message import Message
 
 from rlslice._channel import open_channel
-from rlslice._errors import DeadlineExceededError, RlsliceError
+from rlslice._errors import DeadlineExceededError, FailedPreconditionError, RlsliceError
 from rlslice._grpc_errors import error_from_rpc
 from rlslice.client._backoff import Backoff
 from rlslice.config import TLSConfig
@@ -69,8 +69,13 @@ class Connection:
         self._retry_seconds = retry_seconds
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
+        self._closed = False
 
     def _ensure_open(self) -> Any:
+        if self._closed:  # ends calls (an acquire retrying, say) that outlive close()
+            raise RpcFailed(
+                grpc.StatusCode.FAILED_PRECONDITION, FailedPreconditionError("client: closed")
+            )
         # grpc.aio binds a channel to the running loop, so it is made on first use.
         if self._stub is None:
             self._channel = open_channel(
@@ -80,7 +85,8 @@ class Connection:
         return self._stub
 
     async def close(self) -> None:
-        """Close the channel; calls in flight are cancelled."""
+        """Close the channel for good; calls in flight are cancelled, later ones refused."""
+        self._closed = True
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close(None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from rlslice._errors import FailedPreconditionError
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
 from rlslice.client._settings import ClientSettings
@@ -66,6 +67,7 @@ class Leases:
         self._leases: dict[str, Lease] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     def peek(self, group: str) -> Lease | None:
         """The lease in `group`, if the client registered there."""
@@ -81,6 +83,9 @@ class Leases:
             if lease is None:
                 answer = await self._register(group, deadline)
                 lease = Lease(group, answer.lease_id, answer.secret, answer.lease_seconds)
+                if self._closing:  # closed while registering: give the lease straight back
+                    await self._unregister(lease)
+                    raise FailedPreconditionError("client: closed")
                 lease.task = asyncio.create_task(
                     self._keep_alive(lease), name=f"rlslice-keepalive-{group}"
                 )
@@ -92,6 +97,8 @@ class Leases:
         async with self._locks.setdefault(lease.group, asyncio.Lock()):
             if lease.generation != seen_generation:
                 return
+            if self._closing:
+                raise FailedPreconditionError("client: closed")
             answer = await self._register(lease.group, deadline)
             lease.lease_id, lease.secret = answer.lease_id, answer.secret
             lease.ttl = answer.lease_seconds
@@ -205,6 +212,7 @@ class Leases:
 
     async def close(self) -> None:
         """Stop every keep-alive and unregister every lease (releasing locks, leaving queues)."""
+        self._closing = True
         leases, self._leases = list(self._leases.values()), {}
         for task in list(self._callbacks):
             task.cancel()

@@ -6,6 +6,7 @@ Cases:
 - two clients contend: B blocks until A yields, then B holds with a higher epoch;
 - an acquire that times out, or whose task is cancelled, leaves no waiter behind;
 - close() releases the lock a client holds (a waiter is granted) and leaves the queue;
+- close() ends the client's own waiting acquire (FailedPreconditionError), registering nothing;
 - the keep-alive keeps a lease alive past its lease time;
 - yield by a non-holder is refused (FailedPreconditionError), changing nothing;
 - one client uses several groups at once;
@@ -148,6 +149,20 @@ async def test_closing_a_client_releases_its_lock_to_the_waiter(sched: TestSched
         assert (await asyncio.wait_for(waiting, 5)).job == "b"
         status = await sched.group("gpus")
         assert [j.job for j in status.jobs] == ["b"]  # a's lease is gone too
+
+
+async def test_closing_a_client_ends_its_waiting_acquire(sched: TestScheduler) -> None:
+    async with AsyncClient(job="a", group="gpus", scheduler=sched.address) as a:
+        await a.acquire()
+        b = AsyncClient(job="b", group="gpus", scheduler=sched.address)
+        waiting = asyncio.create_task(b.acquire())
+        await eventually(sched, "gpus", lambda s: list(s.queue) == ["b"])
+        await b.close()
+        with pytest.raises(FailedPreconditionError, match=r"^client: closed"):
+            await asyncio.wait_for(waiting, 5)
+        status = await sched.group("gpus")
+        assert (status.holder, list(status.queue)) == ("a", [])
+        assert [j.job for j in status.jobs] == ["a"]  # b did not register again
 
 
 async def test_the_keep_alive_holds_a_lease_past_its_lease_time(sched: TestScheduler) -> None:
