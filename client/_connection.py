@@ -8,6 +8,7 @@ until the caller's deadline or the retry budget runs out, then raises the mapped
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, TypeVar, cast
 
@@ -70,6 +71,7 @@ class Connection:
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._closed = False
+        self._closed_event = asyncio.Event()  # wakes calls sleeping between retries
 
     def _ensure_open(self) -> Any:
         if self._closed:  # ends calls (an acquire retrying, say) that outlive close()
@@ -87,6 +89,7 @@ class Connection:
     async def close(self) -> None:
         """Close the channel for good; calls in flight are cancelled, later ones refused."""
         self._closed = True
+        self._closed_event.set()
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close(None)
@@ -155,4 +158,5 @@ class Connection:
             delay = next(delays)
             if deadline is not None:
                 delay = max(0.0, min(delay, deadline - loop.time()))
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed_event.wait(), delay)

@@ -7,6 +7,7 @@ Cases:
 - an acquire that times out raises DeadlineExceededError and leaves no waiter;
 - a KeyboardInterrupt-style interruption of a blocked acquire cancels it on the server;
 - close() releases the lock; a closed client refuses calls;
+- close() from another thread ends a blocked acquire with FailedPreconditionError;
 - a sync on_yield_requested callback runs off the loop and may call the client.
 """
 
@@ -140,6 +141,28 @@ def test_close_releases_the_lock_and_a_closed_client_refuses_calls(
     assert len(status.jobs) == 0
     with pytest.raises(FailedPreconditionError, match=r"^client: closed"):
         client.acquire()
+
+
+def test_closing_from_another_thread_ends_a_blocked_acquire(sched: SchedulerForTests) -> None:
+    with Client(job="a", group="gpus", scheduler=sched.address) as a:
+        a.acquire()
+        b = Client(job="b", group="gpus", scheduler=sched.address)
+        outcome: list[BaseException] = []
+
+        def blocked() -> None:
+            try:
+                b.acquire()
+            except BaseException as error:
+                outcome.append(error)
+
+        waiter = threading.Thread(target=blocked)
+        waiter.start()
+        wait_for(sched, lambda s: list(s.queue) == ["b"])
+        b.close()
+        waiter.join(5)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], FailedPreconditionError)
+        assert wait_for(sched, lambda s: len(s.queue) == 0).holder == "a"
 
 
 def test_a_sync_callback_may_yield_from_inside() -> None:
