@@ -142,9 +142,11 @@ async def _drive(
     driver_stalls = Stalls()
     await asyncio.sleep(start - time.perf_counter())
     driver_watch = asyncio.create_task(driver_stalls.watch_loop())
+    server.mark("start")
     cpu_before = server.cpu_seconds()
     await asyncio.sleep(deadline - time.perf_counter())
     cpu_seconds = server.cpu_seconds() - cpu_before
+    server.mark("end")
     rss, peak = server.rss(), server.peak_rss()
     gc.enable()
     gc.unfreeze()

@@ -2,8 +2,9 @@
 time, resident memory, event-loop lag and collector pauses readable from the driver.
 
 `python -m rlslice._bench._scale_server` starts a scheduler (in-memory store, groups created
-on first Register), prints its address, and on the end of stdin prints its stall figures as
-one JSON line and stops. RLSLICE_BENCH_PROFILE=path profiles it with cProfile into `path`.
+on first Register) and prints its address. Lines on its stdin: `start` and `end` bound the
+measured window; at the end of stdin it prints the window's stall figures (event-loop lag,
+garbage-collector pauses) as one JSON line and stops. RLSLICE_BENCH_PROFILE=path profiles it with cProfile into `path`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class Stalls:
         else:
             self.gc_pauses[info["generation"]].append(time.perf_counter() - self._gc_started)
 
+    def reset(self) -> None:
+        """Forget what was seen so far (the measured window starts now)."""
+        self.lags.clear()
+        for pauses in self.gc_pauses.values():
+            pauses.clear()
+
     async def watch_loop(self) -> None:
         while True:
             before = time.perf_counter()
@@ -64,7 +71,8 @@ class Stalls:
 
 
 async def _serve() -> None:
-    """Run a scheduler; print its address; on stdin's end print stall figures as JSON, stop.
+    """Run a scheduler; print its address; on stdin's end print the stall figures of the window
+    (between "start" and "end" lines on stdin) as JSON, and stop.
 
     With RLSLICE_BENCH_PROFILE=path the whole run is profiled with cProfile into `path`.
     """
@@ -77,9 +85,16 @@ async def _serve() -> None:
     print(running.address, flush=True)
     watcher = asyncio.create_task(stalls.watch_loop())
     loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, sys.stdin.read)
+    report: dict[str, float] | None = None
+    # One command per stdin line: "start" and "end" bound the measured window; the end of
+    # stdin stops the scheduler after printing the window's figures.
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        if line.strip() == "start":
+            stalls.reset()
+        elif line.strip() == "end":
+            report = stalls.report()
     watcher.cancel()
-    print(json.dumps(stalls.report()), flush=True)
+    print(json.dumps(report or stalls.report()), flush=True)
     await running.stop(0.5)
 
 
@@ -140,6 +155,12 @@ class SchedulerProcess:
         except OSError:
             pass
         return self.rss()
+
+    def mark(self, command: str) -> None:
+        """Tell the scheduler process that the measured window starts or ends."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(f"{command}\n")
+        self.popen.stdin.flush()
 
     def stop(self) -> dict[str, float]:
         """Stop the scheduler; return the stall figures it printed."""
