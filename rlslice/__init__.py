@@ -4,6 +4,8 @@ The public surface is small and pinned by a test: the clients, the grant they re
 and the errors they raise. Everything else lives in component subpackages.
 """
 
+from typing import TYPE_CHECKING
+
 from rlslice._errors import (
     AbortedError,
     AlreadyExistsError,
@@ -20,6 +22,9 @@ from rlslice._errors import (
     UnavailableError,
 )
 from rlslice._version import __version__
+
+if TYPE_CHECKING:  # type checkers see the real classes; at run time they load lazily
+    from rlslice.client import AsyncClient, Client, Grant
 
 __all__ = [
     "AbortedError",

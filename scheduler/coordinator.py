@@ -222,7 +222,11 @@ class Coordinator:
                 need[node] = record.device_bytes
             elif mine is None or mine.state != apb.AGENT_JOB_STATE_RUNNING:
                 return everyone  # how much the incoming job needs is unknown
-            free = sum(d.total_bytes - d.used_bytes for d in status.devices)
+            # A job's bytes are taken as spread evenly over the node's devices, so it fits
+            # only where the fullest device has room for its share: summing free memory
+            # over devices would restore a job beside another that fills its device.
+            frees = [d.total_bytes - d.used_bytes for d in status.devices]
+            free = len(frees) * min(frees) if frees else 0
             memory.append(NodeMemory(node, free, {j: a.device_bytes for j, a in jobs.items()}))
         return choose_evictions(
             need,

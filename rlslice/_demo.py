@@ -1,0 +1,624 @@
+"""`rlslice demo`: two RL-shaped jobs, first on dedicated emulated GPUs, then time-sliced on one.
+
+Each job is a driver (this process, one thread per job, using `rlslice.Client`) and a GPU
+worker process (`rlslice._demo_worker`) holding a few hundred MiB of emulated device state.
+A cycle is rollout on the GPU, reward scoring on the CPU, training on the GPU. The demo
+starts `rlslice up` (scheduler + agent, `sim` backend) as a real subprocess; dedicated, each
+job has its own group and device, time-sliced both share group `shared` on device 0, whose
+capacity holds one job's state: every switch really freezes a worker and copies its bytes.
+
+It prints a progress line while it runs, then a table, writes a timeline PNG, and prints as
+its last line one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One job's cycle: GPU rollout, CPU reward scoring, GPU training (seconds)."""
+
+    # GPU 1.68 s of a 4 s cycle: a dedicated GPU is busy 42% of the time, what large RL
+    # fleets report; two such jobs can fill one GPU to at most 84%, less the switches.
+    rollout_seconds: float = 1.05
+    score_seconds: float = 2.32
+    train_seconds: float = 0.63
+    state_mib: int = 256
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.rollout_seconds + self.train_seconds
+
+    @property
+    def cycle_seconds(self) -> float:
+        return self.gpu_seconds + self.score_seconds
+
+
+@dataclass
+class JobRun:
+    """What one job's driver measured."""
+
+    job: str
+    group: str
+    cycles: int = 0
+    cycle_seconds: list[float] = field(default_factory=list)
+    gpu_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    switch_seconds: float = 0.0
+    moved_bytes: int = 0
+    intervals: list[tuple[str, float, float, str]] = field(default_factory=list)
+    switches: list[tuple[float, float, int]] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def mean_cycle(self) -> float:
+        return sum(self.cycle_seconds) / len(self.cycle_seconds) if self.cycle_seconds else 0.0
+
+
+@dataclass
+class ModeRun:
+    """A dedicated or time-sliced run of all jobs."""
+
+    mode: str
+    jobs: list[JobRun]
+    started: float
+    ended: float
+
+    @property
+    def wall(self) -> float:
+        return max(self.ended - self.started, 1e-9)
+
+    def gpu_seconds(self, job: JobRun) -> float:
+        """Seconds `job` ran GPU phases inside the measured window."""
+        lo, hi = self.started, self.ended
+        return sum(
+            max(0.0, min(end, hi) - max(start, lo))
+            for _, start, end, kind in job.intervals
+            if kind.startswith("gpu")
+        )
+
+    def busy_fraction(self) -> float:
+        """GPU busy fraction over the window: GPU-phase seconds / wall seconds, per GPU."""
+        busy = sum(self.gpu_seconds(j) for j in self.jobs) / self.wall
+        return busy / len(self.jobs) if self.mode == "dedicated" else busy
+
+    @property
+    def switches(self) -> int:
+        return sum(len(j.switches) for j in self.jobs)
+
+    @property
+    def switch_seconds(self) -> float:
+        return sum(j.switch_seconds for j in self.jobs)
+
+    @property
+    def moved_bytes(self) -> int:
+        return sum(j.moved_bytes for j in self.jobs)
+
+
+class _WorkerPipe:
+    """JSON lines to and from a worker process."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+        )
+        assert self.process.stdin
+        assert self.process.stdout
+        self._in: IO[str] = self.process.stdin
+        self._out: IO[str] = self.process.stdout
+
+    def call(self, **command: Any) -> dict[str, Any]:
+        self._in.write(json.dumps(command) + "\n")
+        self._in.flush()
+        line = self._out.readline()
+        if not line:
+            raise RuntimeError(f"worker exited with {self.process.wait()}")
+        answer: dict[str, Any] = json.loads(line)
+        if not answer.get("ok"):
+            raise RuntimeError(answer.get("error", "worker failed"))
+        return answer
+
+    def close(self) -> None:
+        try:
+            self.call(op="quit")
+        except (RuntimeError, OSError, ValueError):
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONSAFEPATH"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class _Cluster:
+    """The `rlslice up` subprocess and where its node lives."""
+
+    process: subprocess.Popen[bytes]
+    scheduler: str
+    socket_path: Path
+    sim_root: Path
+    node: str
+    log: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _start_cluster(work: Path, *, devices: int, capacity: int, rate_gbps: float) -> _Cluster:
+    work.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    node = "demo-node"
+    sim_root = work / "sim"
+    socket_path = work / "agent.sock"
+    log = work / "up.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "rlslice._cli",
+        "--log-level",
+        "WARNING",
+        "up",
+        "--address",
+        f"127.0.0.1:{port}",
+        "--store",
+        str(work / "scheduler.sqlite"),
+        "--node",
+        node,
+        "--socket",
+        str(socket_path),
+        "--state-dir",
+        str(work / "agent-state"),
+        "--sim-root",
+        str(sim_root),
+        "--sim-devices",
+        str(devices),
+        "--sim-capacity-bytes",
+        str(capacity),
+        "--sim-rate-gbps",
+        str(rate_gbps),
+        "--host-reserve-bytes",
+        str(256 * MiB),
+    ]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_child_env({}))
+    cluster = _Cluster(process, f"127.0.0.1:{port}", socket_path, sim_root, node, log)
+    _wait_ready(cluster)
+    return cluster
+
+
+def _wait_ready(cluster: _Cluster, timeout: float = 30.0) -> None:
+    """Wait until the scheduler answers health SERVING and the agent's socket and devices exist."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout
+    devices = cluster.sim_root / cluster.node / "devices.json"
+    with grpc.insecure_channel(cluster.scheduler) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if cluster.process.poll() is not None:
+                raise RuntimeError(
+                    f"rlslice up exited with {cluster.process.returncode}:\n"
+                    + cluster.log.read_text()[-2000:]
+                )
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                if (
+                    answer.status == health_pb2.HealthCheckResponse.SERVING
+                    and cluster.socket_path.exists()
+                    and devices.exists()
+                ):
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError("rlslice up did not become ready within 30 s")
+
+
+def _score_rewards(seconds: float, sample: float) -> float:
+    """Reward scoring on the CPU: a little real work, then the rest of the phase."""
+    deadline = time.perf_counter() + seconds
+    reward = 0.0
+    for i in range(2000):
+        reward += ((sample * 1e3 + i) % 7.0) / 7.0
+    left = deadline - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+    return reward / 2000.0
+
+
+def _run_job(
+    run: JobRun,
+    *,
+    cluster: _Cluster,
+    profile: Profile,
+    device: int,
+    seed: int,
+    window: _Window,
+    origin: float,
+    barrier: threading.Barrier,
+) -> None:
+    from rlslice import Client
+
+    env = _child_env(
+        {
+            "RLSLICE_AGENT_SOCKET": str(cluster.socket_path),
+            "RLSLICE_SIM_ROOT": str(cluster.sim_root),
+            "RLSLICE_NODE": cluster.node,
+            "RLSLICE_JOB": run.job,
+        }
+    )
+    worker = _WorkerPipe(
+        [
+            sys.executable,
+            "-m",
+            "rlslice._demo_worker",
+            run.job,
+            run.group,
+            str(profile.state_mib * MiB),
+            str(seed),
+            str(device),
+        ],
+        env,
+    )
+    client = Client(
+        job=run.job,
+        group=run.group,
+        scheduler=cluster.scheduler,
+        lease_seconds=15.0,
+        device_bytes=profile.state_mib * MiB,
+    )
+    try:
+        with client.phase("load"):
+            worker.call(op="init")
+        barrier.wait(timeout=120)
+        window.ready.wait(timeout=120)
+        stop_at = window.stop
+        _sleep_until_wall(window.start)
+
+        def gpu(phase: str, **command: Any) -> dict[str, Any]:
+            asked = time.time()
+            grant = client.acquire(phase=phase)
+            granted = time.time()
+            run.wait_seconds += granted - asked
+            if grant.switch_seconds > 0 or grant.moved_bytes > 0:
+                run.switch_seconds += grant.switch_seconds
+                run.moved_bytes += grant.moved_bytes
+                run.switches.append(
+                    (granted - grant.switch_seconds - origin, granted - origin, grant.moved_bytes)
+                )
+            if granted - asked > 1e-3:
+                run.intervals.append((run.job, asked - origin, granted - origin, "wait"))
+            try:
+                answer = worker.call(**command)
+            finally:
+                done = time.time()
+                client.yield_()
+            run.gpu_seconds += done - granted
+            run.intervals.append((run.job, granted - origin, done - origin, f"gpu:{phase}"))
+            return answer
+
+        while time.time() < stop_at:
+            began = time.time()
+            sample = gpu("rollout", op="rollout", seconds=profile.rollout_seconds)["sample"]
+            scored = time.time()
+            reward = _score_rewards(profile.score_seconds, float(sample))
+            run.intervals.append((run.job, scored - origin, time.time() - origin, "cpu:score"))
+            answer = gpu("train", op="train", seconds=profile.train_seconds, reward=reward)
+            run.checksums.append(int(answer["checksum"]))
+            run.cycles += 1
+            run.cycle_seconds.append(time.time() - began)
+    except Exception as error:
+        run.error = f"{type(error).__name__}: {error}"
+        barrier.abort()
+    finally:
+        worker.close()
+        client.close()
+
+
+def _sleep_until_wall(when: float) -> None:
+    left = when - time.time()
+    if left > 0:
+        time.sleep(left)
+
+
+def _run_mode(
+    mode: str,
+    cluster: _Cluster,
+    jobs: list[str],
+    profile: Profile,
+    seconds: float,
+    origin: float,
+    progress: _Progress,
+) -> ModeRun:
+    runs = [
+        JobRun(job=job, group=f"dedicated-{i}" if mode == "dedicated" else "shared")
+        for i, job in enumerate(jobs)
+    ]
+    barrier = threading.Barrier(len(jobs) + 1)
+    window = _Window()
+    threads = []
+    for i, run in enumerate(runs):
+        thread = threading.Thread(
+            target=_run_job,
+            args=(run,),
+            kwargs={
+                "cluster": cluster,
+                "profile": profile,
+                "device": i if mode == "dedicated" else 0,
+                "seed": 1000 + i,
+                "window": window,
+                "origin": origin,
+                "barrier": barrier,
+            },
+            name=f"demo-{run.job}",
+            daemon=True,
+        )
+        threads.append(thread)
+        thread.start()
+    # The clock starts once every job has loaded its state, in both modes alike.
+    try:
+        barrier.wait(timeout=180)
+    except threading.BrokenBarrierError:
+        pass
+    window.start = time.time() + 0.2
+    window.stop = window.start + seconds
+    window.ready.set()
+    progress.begin(mode, runs, window.start, window.stop)
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+            progress.tick()
+    progress.end()
+    errors = [f"{r.job}: {r.error}" for r in runs if r.error]
+    if errors:
+        raise RuntimeError(f"{mode} run failed: " + "; ".join(errors))
+    # The window is [start, stop]: cycles still running at stop count only up to it.
+    return ModeRun(mode, runs, window.start - origin, window.stop - origin)
+
+
+@dataclass
+class _Window:
+    """When the measured run starts and stops; set once every job has loaded."""
+
+    start: float = 0.0
+    stop: float = 0.0
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+class _Progress:
+    """One live status line on stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._mode = ""
+        self._runs: list[JobRun] = []
+        self._start = self._stop = 0.0
+        self._tty = sys.stderr.isatty()
+        self._last = 0.0
+
+    def begin(self, mode: str, runs: list[JobRun], start: float, stop: float) -> None:
+        self._mode, self._runs, self._start, self._stop = mode, runs, start, stop
+
+    def tick(self) -> None:
+        if not self.enabled:
+            return
+        now = time.time()
+        if not self._tty and now - self._last < 5.0:
+            return  # a log, not a terminal: one line every few seconds
+        self._last = now
+        elapsed = max(0.0, time.time() - self._start)
+        total = self._stop - self._start
+        cycles = " ".join(f"{r.job}={r.cycles}" for r in self._runs)
+        switches = sum(len(r.switches) for r in self._runs)
+        line = (
+            f"{self._mode:>11}: {min(elapsed, total):5.1f}/{total:.0f}s  cycles {cycles}  "
+            f"switches {switches}"
+        )
+        sys.stderr.write(f"\r{line}   " if self._tty else f"{line}\n")
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.enabled and self._tty:
+            self.tick()
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seconds", type=float, default=30.0, help="length of each run (dedicated, time-sliced)"
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="number of jobs (2 to 4)")
+    parser.add_argument(
+        "--rate-gbps", type=float, default=25.0, help="emulated host<->device copy rate, GB/s"
+    )
+    parser.add_argument(
+        "--state-mib", type=int, default=256, help="emulated device state per job, MiB"
+    )
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder")
+    parser.add_argument("--no-progress", action="store_true", help="no live progress line")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 2 <= args.jobs <= 4:
+        print("rlslice demo: --jobs must be between 2 and 4", file=sys.stderr)
+        return 2
+    if args.seconds < 5:
+        print("rlslice demo: --seconds must be at least 5", file=sys.stderr)
+        return 2
+    profile = Profile(state_mib=args.state_mib)
+    jobs = [f"grpo-{chr(ord('a') + i)}" for i in range(args.jobs)]
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    shm = Path("/dev/shm")
+    work = Path(tempfile.mkdtemp(prefix="rlslice-demo-", dir=shm if shm.is_dir() else None))
+    progress = _Progress(not args.no_progress)
+    origin = time.time()
+    # One device holds one job's state (plus a little): time-sliced jobs cannot co-reside.
+    capacity = profile.state_mib * MiB * 3 // 2
+    try:
+        # Dedicated: a device per job. Time-sliced: one device for all of them.
+        cluster = _start_cluster(
+            work / "dedicated", devices=args.jobs, capacity=capacity, rate_gbps=args.rate_gbps
+        )
+        try:
+            dedicated = _run_mode(
+                "dedicated", cluster, jobs, profile, args.seconds, origin, progress
+            )
+        finally:
+            cluster.stop()
+        cluster = _start_cluster(
+            work / "sliced", devices=1, capacity=capacity, rate_gbps=args.rate_gbps
+        )
+        try:
+            sliced = _run_mode(
+                "time-sliced", cluster, jobs, profile, args.seconds, origin, progress
+            )
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    png = _write_timeline(sliced, out / "timeline.png", origin)
+    summary = _summary(dedicated, sliced, profile, png)
+    _print_table(dedicated, sliced, summary)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary))
+    return 0
+
+
+def _write_timeline(sliced: ModeRun, path: Path, origin: float) -> str:
+    from rlslice.planner.timeline import SwitchMarker, TimelineInterval, plot_timeline
+
+    offset = sliced.started
+    lanes = [
+        TimelineInterval(job, start - offset, end - offset, kind)
+        for run in sliced.jobs
+        for job, start, end, kind in run.intervals
+        if end - offset >= 0
+    ]
+    switches = [
+        SwitchMarker(start - offset, end - offset, moved_bytes=moved)
+        for run in sliced.jobs
+        for start, end, moved in run.switches
+    ]
+    plot_timeline(lanes, path, switches=switches, title="rlslice demo: time-sliced on one GPU")
+    return str(path)
+
+
+def _summary(dedicated: ModeRun, sliced: ModeRun, profile: Profile, png: str) -> dict[str, Any]:
+    per_job = []
+    for d, s in zip(dedicated.jobs, sliced.jobs, strict=True):
+        per_job.append(
+            {
+                "job": d.job,
+                "dedicated_cycles": d.cycles,
+                "sliced_cycles": s.cycles,
+                "dedicated_mean_cycle_seconds": round(d.mean_cycle, 3),
+                "sliced_mean_cycle_seconds": round(s.mean_cycle, 3),
+                "slowdown": round(s.mean_cycle / d.mean_cycle, 3) if d.mean_cycle else None,
+            }
+        )
+    return {
+        "dedicated_busy_fraction": round(dedicated.busy_fraction(), 4),
+        "sliced_busy_fraction": round(sliced.busy_fraction(), 4),
+        "gpus_dedicated": len(dedicated.jobs),
+        "gpus_sliced": 1,
+        "switches": sliced.switches,
+        "switch_seconds_total": round(sliced.switch_seconds, 3),
+        "moved_bytes": sliced.moved_bytes,
+        "state_bytes_per_job": profile.state_mib * MiB,
+        "profile": {
+            "rollout_seconds": profile.rollout_seconds,
+            "score_seconds": profile.score_seconds,
+            "train_seconds": profile.train_seconds,
+            "device_capacity_bytes": profile.state_mib * MiB * 3 // 2,
+        },
+        "seconds_per_run": round(sliced.wall, 2),
+        "jobs": per_job,
+        "timeline_png": png,
+    }
+
+
+def _print_table(dedicated: ModeRun, sliced: ModeRun, summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=False)
+    jobs = Table(title="Jobs: dedicated GPUs vs one time-sliced GPU")
+    for column in (
+        "job",
+        "cycles (ded.)",
+        "cycles (sliced)",
+        "mean cycle s (ded.)",
+        "mean cycle s (sliced)",
+        "slowdown",
+    ):
+        jobs.add_column(column, justify="right")
+    for row in summary["jobs"]:
+        jobs.add_row(
+            row["job"],
+            str(row["dedicated_cycles"]),
+            str(row["sliced_cycles"]),
+            f"{row['dedicated_mean_cycle_seconds']:.2f}",
+            f"{row['sliced_mean_cycle_seconds']:.2f}",
+            f"{row['slowdown']:.2f}x" if row["slowdown"] else "-",
+        )
+    console.print(jobs)
+    totals = Table(title="GPU use")
+    totals.add_column("")
+    totals.add_column("dedicated", justify="right")
+    totals.add_column("time-sliced", justify="right")
+    totals.add_row("GPUs", str(len(dedicated.jobs)), "1")
+    totals.add_row(
+        "GPU busy fraction",
+        f"{summary['dedicated_busy_fraction']:.2f}",
+        f"{summary['sliced_busy_fraction']:.2f}",
+    )
+    totals.add_row("switches", str(dedicated.switches), str(sliced.switches))
+    totals.add_row(
+        "seconds switching", f"{dedicated.switch_seconds:.2f}", f"{sliced.switch_seconds:.2f}"
+    )
+    totals.add_row(
+        "bytes moved",
+        f"{dedicated.moved_bytes / MiB:.0f} MiB",
+        f"{sliced.moved_bytes / MiB:.0f} MiB",
+    )
+    console.print(totals)
+    console.print(f"timeline: {summary['timeline_png']}")
