@@ -150,7 +150,7 @@ class AgentEngine:
             return
         entry.record = state.recovered(record, seen.value)
         log.info("job %s: re-read as %s", record.job, entry.record.state.value)
-        if not entry.processes and entry.record.state_on_device:
+        if not entry.processes and (entry.record.state_on_device or entry.released):
             await self._drop(entry, backend)
 
     async def close(self) -> None:
@@ -277,7 +277,7 @@ class AgentEngine:
 
     async def _drop_if_gone(self, entry: JobEntry) -> None:
         async with entry.lock:
-            if entry.processes or not entry.record.state_on_device:
+            if entry.processes or not (entry.record.state_on_device or entry.released):
                 return  # parked state stays until the scheduler releases it
             if self.table.entries.get(entry.record.job) is not entry:
                 return
@@ -383,6 +383,7 @@ class AgentEngine:
             if move is Move.SNAPSHOT:
                 await self._guard(handle, backend)
             entry.record = state.begin(record, move, epoch, name)
+            entry.released = False  # the scheduler uses the job again
             self.table.save()
             self._refresh_jobs()
             started = time.perf_counter()
@@ -468,6 +469,10 @@ class AgentEngine:
         async with entry.lock:
             pids = family(entry.processes)
             if pids and not force:
+                # Kept while the job lives; dropped by `_drop_if_gone` once it is gone (the
+                # scheduler does not ask twice).
+                entry.released = True
+                self.table.save()
                 return 0, False
             name = entry.record.backend or entry.backend or self.default_backend
             backend = await self.backend(name)

@@ -44,6 +44,9 @@ class JobEntry:
     modes: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     local_server: LocalServer | None = None
+    released: bool = False
+    """The scheduler released the job (its lease ended) while its processes lived: its
+    parked state is dropped as soon as they are gone."""
     workloads: list[WorkloadLink] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the job moves: moves of one job run one at a time."""
@@ -58,6 +61,7 @@ class JobEntry:
             "local_server": None
             if self.local_server is None
             else [self.local_server.kind, self.local_server.port],
+            "released": self.released,
         }
 
     @classmethod
@@ -70,6 +74,7 @@ class JobEntry:
             modes=tuple(data.get("modes", ())),
             tags=tuple(data.get("tags", ())),
             local_server=None if not server else LocalServer(str(server[0]), int(server[1])),
+            released=bool(data.get("released", False)),
         )
 
 

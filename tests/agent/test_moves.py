@@ -262,6 +262,27 @@ async def test_release_keeps_a_live_jobs_state_unless_forced_and_frees_the_parke
     assert (await job_status(stub, "job-a")) is not None
     job.kill()
     await asyncio.wait_for(job.process.wait(), 5)
+
+    # The scheduler released the job already: once its processes are gone, the agent
+    # frees the parked copy by itself (the scheduler does not ask twice).
+    async def gone() -> bool:
+        return await job_status(stub, "job-a") is None
+
+    await eventually(gone)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Release(apb.ReleaseRequest(job="job-a", group="g1"))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_parked_job_never_released_keeps_its_copy_after_its_processes_exit(
+    stub: Any, spawn_job: Callable[..., Any]
+) -> None:
+    job = await spawn_job("job-a", "g1", 4 * MiB)
+    await stub.Snapshot(snap("job-a", 1))
+    job.kill()
+    await asyncio.wait_for(job.process.wait(), 5)
+    await asyncio.sleep(0.2)
+    assert (await job_status(stub, "job-a")) is not None
     freed = await stub.Release(apb.ReleaseRequest(job="job-a", group="g1"))
     assert freed.released
     assert freed.freed_bytes == 4 * MiB
