@@ -50,24 +50,24 @@ async def _give_up_from_a_thread(client: AsyncClient) -> Client:
     "give_up", [_give_up_by_timeout, _give_up_by_cancel, _give_up_from_a_thread]
 )
 async def test_a_waiter_that_gives_up_is_no_longer_queued(give_up: object) -> None:
-    async with scheduler_for_tests(groups=["g"]) as sched:
-        async with (
-            AsyncClient(job="a", group="g", scheduler=sched.address) as a,
-            AsyncClient(job="b", group="g", scheduler=sched.address) as b,
-        ):
-            first = await a.acquire(timeout=5)
-            leftover = await give_up(b)  # type: ignore[operator]
-            await _queue_empties(sched)
-            answer = await a.yield_()
-            assert (answer.waiters, answer.snapshot_deferred) == (0, True)
-            status = await sched.group("g")
-            assert status.holder == ""
-            assert status.epoch == first.epoch  # nobody was granted since
-            again = await b.acquire(timeout=5)  # not ALREADY_EXISTS: no ghost of b
-            assert again.epoch > first.epoch
-            await b.yield_()
-            if leftover is not None:
-                await asyncio.to_thread(leftover.close)
+    async with (
+        scheduler_for_tests(groups=["g"]) as sched,
+        AsyncClient(job="a", group="g", scheduler=sched.address) as a,
+        AsyncClient(job="b", group="g", scheduler=sched.address) as b,
+    ):
+        first = await a.acquire(timeout=5)
+        leftover = await give_up(b)  # type: ignore[operator]
+        await _queue_empties(sched)
+        answer = await a.yield_()
+        assert (answer.waiters, answer.snapshot_deferred) == (0, True)
+        status = await sched.group("g")
+        assert status.holder == ""
+        assert status.epoch == first.epoch  # nobody was granted since
+        again = await b.acquire(timeout=5)  # not ALREADY_EXISTS: no ghost of b
+        assert again.epoch > first.epoch
+        await b.yield_()
+        if leftover is not None:
+            await asyncio.to_thread(leftover.close)
 
 
 async def _queue_empties(sched: TestScheduler) -> None:
@@ -80,23 +80,22 @@ async def _queue_empties(sched: TestScheduler) -> None:
 
 
 async def test_many_waiters_timing_out_together_leave_nothing_behind() -> None:
-    async with scheduler_for_tests(groups=["g"]) as sched:
-        async with contextlib.AsyncExitStack() as stack:
-            holder = await stack.enter_async_context(
-                AsyncClient(job="holder", group="g", scheduler=sched.address)
+    async with scheduler_for_tests(groups=["g"]) as sched, contextlib.AsyncExitStack() as stack:
+        holder = await stack.enter_async_context(
+            AsyncClient(job="holder", group="g", scheduler=sched.address)
+        )
+        await holder.acquire(timeout=5)
+        waiters = [
+            await stack.enter_async_context(
+                AsyncClient(job=f"w{i}", group="g", scheduler=sched.address)
             )
-            await holder.acquire(timeout=5)
-            waiters = [
-                await stack.enter_async_context(
-                    AsyncClient(job=f"w{i}", group="g", scheduler=sched.address)
-                )
-                for i in range(8)
-            ]
-            results = await asyncio.gather(
-                *(w.acquire(timeout=0.2 + 0.05 * i) for i, w in enumerate(waiters)),
-                return_exceptions=True,
-            )
-            assert all(isinstance(r, DeadlineExceededError) for r in results)
-            await _queue_empties(sched)
-            assert (await holder.yield_()).waiters == 0
-            assert (await sched.group("g")).holder == ""
+            for i in range(8)
+        ]
+        results = await asyncio.gather(
+            *(w.acquire(timeout=0.2 + 0.05 * i) for i, w in enumerate(waiters)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, DeadlineExceededError) for r in results)
+        await _queue_empties(sched)
+        assert (await holder.yield_()).waiters == 0
+        assert (await sched.group("g")).holder == ""
