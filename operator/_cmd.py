@@ -52,6 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flag("webhook-key", "PEM key of the webhook server")
     flag("inject-scheduler", "scheduler address injected into pods (default: --scheduler)")
     flag("agent-socket-dir", "host directory with the agent's Unix socket")
+    flag("sim-root", "host folder of the agents' sim backend (default: sim in the socket dir)")
     flag("job-token-secret", "Secret in the pod's namespace holding the job token")
     flag("job-token-key", "key of the job token in that Secret")
     flag("tls-ca-secret", "Secret in the pod's namespace with ca.crt for the scheduler")
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         tls_ca_secret=args.tls_ca_secret or None,
         gpu_toleration_key=args.gpu_toleration_key or None,
         skip_namespaces=frozenset(skip),
+        sim_root=args.sim_root or None,
     )
     webhook = None
     if int(args.webhook_port):

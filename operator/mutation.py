@@ -10,7 +10,12 @@ anything the pod already sets:
   toleration for the GPU taint;
 - the `rlslice.dev/job` label when the pod had none: the agent finds a job's processes
   on its node by that label. The job is derived from the pod's controller (a Deployment's
-  ReplicaSet, a Job, a StatefulSet), else from the pod's (generate)name.
+  ReplicaSet, a Job, a StatefulSet), else from the pod's (generate)name;
+- for a job on the `sim` backend (the group's, or the job's own in the group's `jobs`):
+  `RLSLICE_SIM_ROOT` (the agents' emulated device memory, a host folder) and
+  `RLSLICE_NODE` (the node's name, from the downward API), which `rlslice.client.sim`
+  reads to find this node's devices; the folder is mounted when the socket mount does not
+  already carry it.
 
 Pods in system namespaces and pods without the group label get an empty patch.
 """
@@ -52,15 +57,30 @@ class InjectionSettings:
     """Taint key GPU nodes carry; None adds no toleration."""
     skip_namespaces: frozenset[str] = field(default=SYSTEM_NAMESPACES)
     """Namespaces whose pods are never mutated (the operator's own belongs here)."""
+    sim_root: str | None = None
+    """Host folder of the agents' `sim` backend (their `--sim-root`); None: `sim` inside
+    `agent_socket_dir`, which the socket mount already carries."""
 
     @property
     def agent_socket(self) -> str:
         """Path of the agent's socket inside a container."""
         return f"{self.agent_socket_dir.rstrip('/')}/{self.agent_socket_name}"
 
+    @property
+    def sim_root_path(self) -> str:
+        """The `sim` backend's host folder, as injected into pods."""
+        return self.sim_root or f"{self.agent_socket_dir.rstrip('/')}/sim"
+
+    @property
+    def sim_root_mounted(self) -> bool:
+        """Whether the socket directory's mount already carries the sim root."""
+        base = self.agent_socket_dir.rstrip("/") + "/"
+        return self.sim_root_path.startswith(base)
+
 
 _TLS_VOLUME = "rlslice-tls-ca"
 _TLS_MOUNT = "/etc/rlslice/scheduler-ca"
+_SIM_VOLUME = "rlslice-sim"
 
 
 def mutate(
@@ -83,15 +103,18 @@ def mutate(
     if not labels.get(JOB_LABEL):
         ops.append(_add(f"/metadata/labels/{_escape(JOB_LABEL)}", job))
 
-    env = _env(job, str(group_name), settings)
+    sim = uses_sim(group, job)
+    env = _env(job, str(group_name), settings, sim=sim)
+    mounts = _mounts(settings, sim=sim)
     for kind in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(kind) or ()):
             base = f"/spec/{kind}/{index}"
             ops += _append_missing(base, "env", container.get("env"), env, key="name")
             ops += _append_missing(
-                base, "volumeMounts", container.get("volumeMounts"), _mounts(settings), key="name"
+                base, "volumeMounts", container.get("volumeMounts"), mounts, key="name"
             )
-    ops += _append_missing("/spec", "volumes", spec.get("volumes"), _volumes(settings), key="name")
+    volumes = _volumes(settings, sim=sim)
+    ops += _append_missing("/spec", "volumes", spec.get("volumes"), volumes, key="name")
 
     selector = ((group or {}).get("spec") or {}).get("nodeSelector") or {}
     ops += _merge_map("/spec", "nodeSelector", spec.get("nodeSelector"), selector)
@@ -105,6 +128,16 @@ def mutate(
             "/spec", "tolerations", spec.get("tolerations"), [toleration], key="key"
         )
     return ops
+
+
+def uses_sim(group: Mapping[str, Any] | None, job: str) -> bool:
+    """Whether `job` moves its state with the `sim` backend in `group` (a TimeSliceGroup):
+    the job's own backend in the group's `jobs` wins over the group's. Unknown group: no."""
+    spec = (group or {}).get("spec") or {}
+    for entry in spec.get("jobs") or ():
+        if entry.get("name") == job and entry.get("backend"):
+            return bool(entry["backend"] == "sim")
+    return bool(spec.get("backend") == "sim")
 
 
 def job_name_for(pod: Mapping[str, Any]) -> str:
@@ -133,7 +166,7 @@ def _as_label(text: str) -> str:
     return label if is_valid_id(label) else "job"
 
 
-def _env(job: str, group: str, settings: InjectionSettings) -> list[dict[str, Any]]:
+def _env(job: str, group: str, settings: InjectionSettings, *, sim: bool) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "RLSLICE_JOB", "value": job},
         {"name": "RLSLICE_GROUP", "value": group},
@@ -145,10 +178,14 @@ def _env(job: str, group: str, settings: InjectionSettings) -> list[dict[str, An
         env.append({"name": "RLSLICE_TOKEN", "valueFrom": {"secretKeyRef": ref}})
     if settings.tls_ca_secret:
         env.append({"name": "RLSLICE_TLS_CA", "value": f"{_TLS_MOUNT}/ca.crt"})
+    if sim:
+        env.append({"name": "RLSLICE_SIM_ROOT", "value": settings.sim_root_path})
+        node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        env.append({"name": "RLSLICE_NODE", "valueFrom": node})
     return env
 
 
-def _volumes(settings: InjectionSettings) -> list[dict[str, Any]]:
+def _volumes(settings: InjectionSettings, *, sim: bool) -> list[dict[str, Any]]:
     # A directory, not the socket file: the agent recreates its socket when it restarts,
     # and a file mount would keep pointing at the old one.
     volumes: list[dict[str, Any]] = [
@@ -167,15 +204,24 @@ def _volumes(settings: InjectionSettings) -> list[dict[str, Any]]:
                 },
             }
         )
+    if sim and not settings.sim_root_mounted:
+        volumes.append(
+            {
+                "name": _SIM_VOLUME,
+                "hostPath": {"path": settings.sim_root_path, "type": "DirectoryOrCreate"},
+            }
+        )
     return volumes
 
 
-def _mounts(settings: InjectionSettings) -> list[dict[str, Any]]:
+def _mounts(settings: InjectionSettings, *, sim: bool) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": VOLUME_NAME, "mountPath": settings.agent_socket_dir.rstrip("/") or "/"}
     ]
     if settings.tls_ca_secret:
         mounts.append({"name": _TLS_VOLUME, "mountPath": _TLS_MOUNT, "readOnly": True})
+    if sim and not settings.sim_root_mounted:
+        mounts.append({"name": _SIM_VOLUME, "mountPath": settings.sim_root_path})
     return mounts
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rlslice.scheduler.store.kubernetes import KubeAPI, KubeError
+from rlslice._kube import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ a config file or a CLI); and the status has one writer already, the operator.
 
 Writes never block the event loop: `save_group` records the newest state per group and a
 background task writes it (the latest call wins; a failed write is retried). `flush()`
-returns once everything recorded is written. `KubeAPI` is the small aiohttp client that
-this store and the leader election share.
+returns once everything recorded is written. `KubeAPI` (from the shared kernel,
+`rlslice._kube`) is the small aiohttp client this store, the leader election and the
+agent's Kubernetes mode share; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -18,110 +19,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import ssl
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
+from rlslice._kube import KubeAPI, KubeError, namespace_in_cluster
 from rlslice.scheduler.core import GroupState
 from rlslice.scheduler.store.base import AgentRecord, Loaded
 from rlslice.scheduler.store.codec import decode_group, encode_group
 
 log = logging.getLogger(__name__)
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 STORE_LABEL = "rlslice.dev/store"
 
-
-class KubeError(Exception):
-    """A Kubernetes API call failed; `status` is the HTTP status (0: no answer)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"kubernetes API: HTTP {status}: {message}"[:500])
-        self.status = status
-
-
-class KubeAPI:
-    """Just enough of the Kubernetes REST API: JSON in, JSON out, one aiohttp session."""
-
-    def __init__(
-        self,
-        server: str,
-        *,
-        token: str | None = None,
-        ca_file: Path | None = None,
-        timeout: float = 10.0,
-    ) -> None:
-        self.server = server.rstrip("/")
-        self._token = token
-        self._ca_file = ca_file
-        self._timeout = timeout
-        self._session: Any = None
-
-    @classmethod
-    def in_cluster(cls, *, timeout: float = 10.0) -> KubeAPI:
-        """The API server as a pod sees it (`RLSLICE_KUBE_API` overrides, for tests)."""
-        server = os.environ.get("RLSLICE_KUBE_API")
-        if not server:
-            host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
-            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-            server = f"https://{host}:{port}"
-        token_file = SERVICE_ACCOUNT / "token"
-        ca_file = SERVICE_ACCOUNT / "ca.crt"
-        return cls(
-            server,
-            token=token_file.read_text().strip() if token_file.exists() else None,
-            ca_file=ca_file if ca_file.exists() else None,
-            timeout=timeout,
-        )
-
-    async def request(
-        self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
-    ) -> dict[str, Any]:
-        """The decoded answer; raises KubeError for any status but 2xx."""
-        import aiohttp
-
-        if self._session is None:
-            context = ssl.create_default_context(
-                cafile=str(self._ca_file) if self._ca_file else None
-            )
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=context),
-                timeout=aiohttp.ClientTimeout(total=self._timeout),
-            )
-        headers = {"Accept": "application/json"}
-        if self._token:
-            headers["Authorization"] = f"Bearer {self._token}"
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = json.dumps(body)
-        try:
-            async with self._session.request(
-                method, self.server + path, data=data, headers=headers
-            ) as response:
-                text = await response.text()
-                if response.status // 100 != 2:
-                    raise KubeError(response.status, text)
-                return json.loads(text) if text else {}
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise KubeError(0, str(error) or type(error).__name__) from None
-
-    async def close(self) -> None:
-        """Close the session."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-def namespace_in_cluster() -> str:
-    """This pod's namespace (`RLSLICE_NAMESPACE` overrides)."""
-    explicit = os.environ.get("RLSLICE_NAMESPACE")
-    if explicit:
-        return explicit
-    file = SERVICE_ACCOUNT / "namespace"
-    return file.read_text().strip() if file.exists() else "default"
+__all__ = ["KubeAPI", "KubeError", "KubernetesStore", "namespace_in_cluster"]
 
 
 class KubernetesStore:

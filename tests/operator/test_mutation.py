@@ -12,6 +12,8 @@
 | group unknown                                    | env only, no node selector                 |
 | node selector key with '/'                       | JSON pointer escaped                       |
 | TLS CA secret configured                         | CA mounted, RLSLICE_TLS_CA set             |
+| group or the job's own backend `sim` (table)     | RLSLICE_SIM_ROOT, RLSLICE_NODE (downward API) |
+| sim root outside the socket directory            | its own hostPath volume and mount          |
 Invariants (hypothesis): applying the patch twice changes nothing the second time; the
 patch only adds.
 """
@@ -243,3 +245,59 @@ def test_the_patch_only_adds_and_a_second_pass_adds_nothing(
     assert mutate(result, GROUP, SETTINGS) == []
     for key, value in selector.items():
         assert result["spec"]["nodeSelector"][key] == value
+
+
+SIM_ENV = {
+    "RLSLICE_SIM_ROOT": "/run/rlslice/sim",
+    "RLSLICE_NODE": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("group", "sim"),
+    [
+        ({"spec": {"backend": "sim"}}, True),
+        ({"spec": {"backend": "cuda"}}, False),
+        ({"spec": {}}, False),
+        (None, False),
+        ({"spec": {"backend": "cuda", "jobs": [{"name": "trainer", "backend": "sim"}]}}, True),
+        ({"spec": {"backend": "sim", "jobs": [{"name": "trainer", "backend": "app"}]}}, False),
+        ({"spec": {"backend": "sim", "jobs": [{"name": "trainer", "priority": 3}]}}, True),
+        ({"spec": {"backend": "cuda", "jobs": [{"name": "other", "backend": "sim"}]}}, False),
+    ],
+    ids=[
+        "group-sim",
+        "group-cuda",
+        "group-default",
+        "group-unknown",
+        "job-overrides-to-sim",
+        "job-overrides-away-from-sim",
+        "job-entry-without-backend",
+        "another-jobs-override",
+    ],
+)
+def test_jobs_on_the_sim_backend_learn_where_the_emulated_devices_are(
+    group: dict[str, Any] | None, sim: bool
+) -> None:
+    result = apply(pod(), group)
+    env = env_of(result["spec"]["containers"][0])
+    if sim:
+        assert {k: env[k] for k in SIM_ENV} == SIM_ENV
+    else:
+        assert not set(SIM_ENV) & set(env)
+    # /run/rlslice/sim lies inside the socket mount: no volume of its own.
+    assert [v["name"] for v in result["spec"]["volumes"]] == ["rlslice-agent"]
+
+
+def test_a_sim_root_outside_the_socket_directory_is_mounted_on_its_own() -> None:
+    settings = InjectionSettings(scheduler_address="s:1", sim_root="/dev/shm/rlslice-sim")
+    body = pod()
+    result = jsonpatch.apply_patch(body, mutate(body, {"spec": {"backend": "sim"}}, settings))
+    container = result["spec"]["containers"][0]
+    assert env_of(container)["RLSLICE_SIM_ROOT"] == "/dev/shm/rlslice-sim"
+    assert {"name": "rlslice-sim", "mountPath": "/dev/shm/rlslice-sim"} in container["volumeMounts"]
+    assert {
+        "name": "rlslice-sim",
+        "hostPath": {"path": "/dev/shm/rlslice-sim", "type": "DirectoryOrCreate"},
+    } in result["spec"]["volumes"]
+    assert mutate(result, {"spec": {"backend": "sim"}}, settings) == []  # idempotent
