@@ -201,11 +201,19 @@ async def test_a_pod_admission_request_gets_the_patch_mutate_computes(
     assert answer["response"]["patchType"] == "JSONPatch"
     ops = json.loads(base64.b64decode(answer["response"]["patch"]))
     expected = jsonpatch.apply_patch(
-        pod, mutate(pod, {"spec": {"nodeSelector": {"gpu": "h200"}}}, operator.config.injection)
+        pod,
+        mutate(
+            pod,
+            {"spec": {"nodeSelector": {"gpu": "h200"}, "backend": "sim"}},
+            operator.config.injection,
+        ),
     )
     assert jsonpatch.apply_patch(pod, ops) == expected
     assert expected["spec"]["nodeSelector"] == {"gpu": "h200"}
     assert expected["metadata"]["labels"]["rlslice.dev/job"] == "sampler"
+    # The group runs on the sim backend: the pod learns where the emulated devices are.
+    env = {e["name"] for e in expected["spec"]["containers"][0]["env"]}
+    assert {"RLSLICE_SIM_ROOT", "RLSLICE_NODE"} <= env
 
 
 async def hold(scheduler: Scheduler, group_name: str, job: str) -> scheduler_pb2.RegisterResponse:
