@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,9 @@ class AgentEngine:
         self.table = JobTable(state_dir)
         self._watcher = ExitWatcher(self._on_exit)
         self._tasks: set[asyncio.Task[object]] = set()
+        self.before_move: Callable[[], Awaitable[None]] | None = None
+        """Called before every move (Kubernetes mode: rediscover the jobs' processes)."""
+        self._discovered: set[str] = set()  # jobs whose processes discovery sets
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -254,6 +257,49 @@ class AgentEngine:
         self._refresh_jobs()
         return entry.backend or self.default_backend
 
+    def adopt(self, found: Mapping[str, tuple[str, frozenset[ProcessRef]]]) -> None:
+        """Kubernetes mode: the processes of each discovered job (job -> (group, refs)).
+
+        They come from the job's pods on this node (pod UID -> cgroup -> pid, checked by
+        start time), so they count as verified, like a peer-credential registration, and
+        they replace whatever registered for those jobs through the socket. A job found
+        before and missing now has lost its pods: its processes go, as on an exit.
+        """
+        changed = False
+        for job, (group, refs) in found.items():
+            entry = self.table.entries.get(job)
+            if entry is None:
+                entry = JobEntry(state.JobRecord(job=job, group=group))
+                self.table.entries[job] = entry
+                changed = True
+            elif entry.record.group != group:
+                log.warning(
+                    "job %s: found in group %s, known in %s", job, group, entry.record.group
+                )
+                continue
+            mine = {r for r in refs if self.table.owner_of(r) in (None, entry)}
+            changed |= self._set_processes(entry, mine)
+        for job in self._discovered - set(found):
+            entry = self.table.entries.get(job)
+            if entry is not None:
+                changed |= self._set_processes(entry, set())
+        self._discovered = set(found)
+        if changed:
+            self.table.save()
+            self._refresh_jobs()
+
+    def _set_processes(self, entry: JobEntry, refs: set[ProcessRef]) -> bool:
+        if refs == entry.processes:
+            return False
+        for ref in entry.processes - refs:
+            self._watcher.forget(ref)
+        for ref in refs - entry.processes:
+            self._watcher.watch(ref)
+        entry.processes = set(refs)
+        if not refs:
+            self._spawn(self._drop_if_gone(entry))
+        return True
+
     def attach_workload(self, job: str, link: WorkloadLink) -> None:
         """Add an open workload stream to a registered job."""
         self.table.entries[job].workloads.append(link)
@@ -359,6 +405,8 @@ class AgentEngine:
         discard_tags: Sequence[str],
         deadline: float,
     ) -> MoveReply:
+        if self.before_move is not None:
+            await self.before_move()
         entry = self.table.entries.get(job)
         if entry is None:
             return MoveReply(job, None, absent=True, epoch=epoch)
