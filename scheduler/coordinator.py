@@ -29,6 +29,7 @@ from rlslice._channel import open_channel
 from rlslice._errors import FailedPreconditionError, RlsliceError, UnavailableError
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.scheduler.core import GroupState, NodeMemory, Switch, choose_evictions, events
+from rlslice.scheduler.core.membership import group_nodes
 from rlslice.scheduler.store import AgentRecord
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
@@ -100,8 +101,9 @@ class Coordinator:
             task.add_done_callback(self._closing.discard)
 
     def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
-        """The group's nodes: its spec's `nodes`, or every registered agent when empty."""
-        return spec.nodes if spec.nodes else tuple(sorted(self.agents))
+        """The group's nodes: its spec's `nodes`, else the registered agents whose labels
+        match its node selector (all of them without one); see `core.membership`."""
+        return group_nodes(spec, {node: agent.labels for node, agent in self.agents.items()})
 
     async def close(self) -> None:
         """Close every channel."""
