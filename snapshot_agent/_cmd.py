@@ -1,7 +1,11 @@
 """`rlslice agent`: run the snapshot agent of this node until SIGTERM / SIGINT.
 
 Every flag can also come from the environment as `RLSLICE_AGENT_<FLAG>` (upper case, '-'
-as '_'), e.g. `RLSLICE_AGENT_SCHEDULER=10.0.0.5:7070`; a flag given wins.
+as '_'), e.g. `RLSLICE_AGENT_SCHEDULER=10.0.0.5:7070`; a flag given wins. The Agent
+service's certificate flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`) read
+`RLSLICE_AGENT_SERVER_TLS_*`.
+
+`--kubernetes` (the chart's DaemonSet): see `rlslice.snapshot_agent.kubernetes_mode`.
 """
 
 from __future__ import annotations
@@ -33,11 +37,24 @@ def _env(name: str) -> str | None:
     return os.environ.get("RLSLICE_AGENT_" + name.upper().replace("-", "_")) or None
 
 
+# The Agent service's own certificate: RLSLICE_AGENT_SERVER_TLS_*, so that no variable of
+# the agent means what a client's (RLSLICE_TLS_*) or the scheduler's means.
+_ENV_NAMES = {
+    "tls-cert": "server-tls-cert",
+    "tls-key": "server-tls-key",
+    "tls-client-ca": "server-tls-client-ca",
+}
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     def add(flag: str, **kwargs: Any) -> None:
-        parser.add_argument(f"--{flag}", default=_env(flag), **kwargs)
+        parser.add_argument(f"--{flag}", default=_env(_ENV_NAMES.get(flag, flag)), **kwargs)
 
-    add("node", help="node name, a DNS-1123 label (default: the host name)")
+    add(
+        "node",
+        help="node name (default: the host name; in Kubernetes mode NODE_NAME); a name that "
+        "is not a DNS-1123 label, such as one with dots, is mapped to one plus a short hash",
+    )
     add("address", help="TCP address of the Agent service (default 127.0.0.1:7071)")
     add("advertise-address", help="address the scheduler dials (default: the bound one)")
     add("socket", help="Unix socket for local registration")
@@ -53,14 +70,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("scheduler", help="scheduler address to register with (host:port)")
     add("token", help="agent token (prefer --token-file or RLSLICE_AGENT_TOKEN)")
     add("token-file", help="file holding the agent token")
-    add("tls-cert", help="PEM certificate of the Agent service")
-    add("tls-key", help="PEM key of the Agent service")
-    add("tls-client-ca", help="PEM CA that callers' certificates must chain to (mutual TLS)")
+    add("tls-cert", help="PEM certificate of the Agent service (RLSLICE_AGENT_SERVER_TLS_CERT)")
+    add("tls-key", help="PEM key of the Agent service (RLSLICE_AGENT_SERVER_TLS_KEY)")
+    add(
+        "tls-client-ca",
+        help="PEM CA that callers' certificates must chain to: mutual TLS "
+        "(RLSLICE_AGENT_SERVER_TLS_CLIENT_CA)",
+    )
     add("scheduler-ca", help="PEM CA that verifies the scheduler (TLS to the scheduler)")
     add("metrics-port", help="port of the Prometheus endpoint (default: none)")
     parser.add_argument(
         "--label", action="append", default=[], help="node label key=value, for the scheduler"
     )
+    parser.add_argument(
+        "--kubernetes",
+        action="store_const",
+        const="true",
+        default=_env("kubernetes"),
+        help="DaemonSet mode: node from NODE_NAME, its labels from the API, jobs from the "
+        "pods on it (rlslice.dev/job label) instead of socket registration only",
+    )
+    add("proc-root", help="Kubernetes mode: the host's /proc (default /proc)")
+    add("rescan-seconds", help="Kubernetes mode: seconds between process rescans (default 5)")
 
 
 def settings_from(args: argparse.Namespace) -> Any:
@@ -83,6 +114,14 @@ def settings_from(args: argparse.Namespace) -> Any:
         value = getattr(args, flag)
         if value:
             fields[field] = value
+    from rlslice._nodes import node_label
+
+    if _kubernetes(args):
+        from rlslice.snapshot_agent.kubernetes_mode import node_name_from_env
+
+        fields["node"] = node_label(args.node or node_name_from_env())
+    elif args.node:
+        fields["node"] = node_label(args.node)
     fields.setdefault("address", "127.0.0.1:7071")
     if args.socket_mode:
         fields["socket_mode"] = int(args.socket_mode, 8)
@@ -122,6 +161,27 @@ def settings_from(args: argparse.Namespace) -> Any:
     return AgentSettings(**fields)
 
 
+def _kubernetes(args: argparse.Namespace) -> bool:
+    return str(args.kubernetes or "").lower() in {"1", "true", "yes"}
+
+
+def kubernetes_from(args: argparse.Namespace) -> Any:
+    """The `KubernetesSettings` the flags describe, or None outside Kubernetes mode."""
+    if not _kubernetes(args):
+        return None
+    from rlslice.snapshot_agent.kubernetes_mode import KubernetesSettings, node_name_from_env
+
+    fields: dict[str, Any] = {"node_name": args.node or node_name_from_env()}
+    if args.proc_root:
+        fields["proc_root"] = Path(args.proc_root)
+    if args.rescan_seconds:
+        seconds = float(args.rescan_seconds)
+        if not 0.1 <= seconds <= 600:
+            raise ValueError(f"rescan-seconds: {seconds} is outside [0.1, 600]")
+        fields["rescan_seconds"] = seconds
+    return KubernetesSettings(**fields)
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
@@ -134,27 +194,40 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = settings_from(args)
+        kube = kubernetes_from(args)
     except (ValidationError, ValueError, OSError) as error:
         print(f"rlslice agent: {error}", file=sys.stderr)
         return 2
 
     async def main() -> int:
-        try:
-            agent = await start_agent(settings)
-        except (RlsliceError, RuntimeError, OSError) as error:
-            print(f"rlslice agent: {error}", file=sys.stderr)
-            return 1
-        print(
-            f"rlslice agent: node {agent.node} serving on {agent.address}, "
-            f"local socket {agent.socket_path}, backend {settings.backend}",
-            flush=True,
-        )
+        from rlslice._kube import KubeError
+        from rlslice.snapshot_agent.kubernetes_mode import start_kubernetes_agent
+
+        # Handlers first: a SIGTERM during start must still stop us cleanly.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+        running: Any  # RunningAgent or KubernetesAgent: both stop(grace)
+        try:
+            if kube is not None:
+                running = await start_kubernetes_agent(settings, kube)
+                agent = running.agent
+            else:
+                running = agent = await start_agent(settings)
+        except (RlsliceError, RuntimeError, OSError, KubeError) as error:
+            print(f"rlslice agent: {error}", file=sys.stderr)
+            return 1
+        where = ""
+        if kube is not None and kube.node != kube.node_name:
+            where = f" (Kubernetes node {kube.node_name})"
+        print(
+            f"rlslice agent: node {agent.node}{where} serving on {agent.address}, "
+            f"local socket {agent.socket_path}, backend {settings.backend}",
+            flush=True,
+        )
         await stop.wait()
-        await agent.stop(grace=5.0)
+        await running.stop(grace=5.0)
         return 0
 
     return asyncio.run(main())

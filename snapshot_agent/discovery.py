@@ -69,6 +69,8 @@ class DiscoveredJob:
     pods: tuple[PodRef, ...]
     pids: tuple[int, ...]
     """GPU processes of the job (sorted), including checkpointed ones seen before."""
+    keys: tuple[ProcessKey, ...] = ()
+    """The same processes with their start times (sorted by pid)."""
 
 
 def job_pods(pods: Iterable[Mapping[str, Any]], node: str) -> dict[str, PodRef]:
@@ -148,22 +150,23 @@ def scan_proc(proc_root: Path) -> dict[ProcessKey, str]:
 def match_jobs(
     pods: Mapping[str, PodRef],
     processes: Mapping[ProcessKey, str],
-    gpu_pids: Iterable[int],
+    gpu_pids: Iterable[int] | None,
     remembered: Mapping[str, frozenset[ProcessKey]] | None = None,
 ) -> dict[str, frozenset[ProcessKey]]:
     """Job -> its GPU processes: in one of the job's pods, and on a GPU now or remembered.
 
     A remembered process stays only while the same process (pid and start time) still
-    lives in a pod of the same job.
+    lives in a pod of the same job. `gpu_pids` None means no device filter: every process
+    of the job's pods counts (the `sim` backend, whose devices NVML does not see).
     """
-    on_gpu = set(gpu_pids)
+    on_gpu = None if gpu_pids is None else set(gpu_pids)
     result: dict[str, set[ProcessKey]] = {}
     for key, uid in processes.items():
         pod = pods.get(uid)
         if pod is None:
             continue
         kept = key in (remembered or {}).get(pod.job, frozenset())
-        if key.pid in on_gpu or kept:
+        if on_gpu is None or key.pid in on_gpu or kept:
             result.setdefault(pod.job, set()).add(key)
     return {job: frozenset(keys) for job, keys in result.items()}
 
@@ -174,8 +177,9 @@ class ProcessDiscovery:
 
     node: str
     proc_root: Path = Path("/proc")
-    gpu_pids: Callable[[], Iterable[int]] = field(default=lambda: ())
-    """NVML's compute processes on every device (host pids: the agent runs with hostPID)."""
+    gpu_pids: Callable[[], Iterable[int] | None] = field(default=lambda: ())
+    """NVML's compute processes on every device (host pids: the agent runs with hostPID);
+    a function returning None counts every process of a job's pods."""
     _remembered: dict[str, frozenset[ProcessKey]] = field(default_factory=dict)
     jobs: dict[str, DiscoveredJob] = field(default_factory=dict)
 
@@ -197,6 +201,7 @@ class ProcessDiscovery:
                 group=next((p.group for p in job_pods_here if p.group), ""),
                 pods=job_pods_here,
                 pids=tuple(sorted(key.pid for key in keys)),
+                keys=tuple(sorted(keys, key=lambda k: k.pid)),
             )
         self.jobs = jobs
         return jobs

@@ -10,9 +10,15 @@
 - the agent: hostPID, host /proc read-only, only SYS_PTRACE and KILL unless privileged
 - the webhook: opt-in by label, system and own namespaces skipped, fails open, short
   timeout, path = the operator's handler id, caBundle = the generated CA
-- the operator: one replica, Recreate; the scheduler: gRPC probes, PDB
+- the operator: one replica, Recreate; the scheduler: gRPC probes, PDB for one replica
+- the scheduler elects a leader by default (2 replicas, Lease RBAC narrowed to its Lease,
+  a rollout that does not wait for standbys, replicas spread over nodes, no PDB that
+  would block drains); more replicas without election or the shared store are refused
+- with TLS the scheduler's readiness follows the metrics port (open only while leading)
 - env variables the chart sets are flags the commands really read (operator, agent,
-  scheduler)
+  scheduler); server TLS variables are component-prefixed, never the client's names
+- the sim backend's root is the same folder for the agent and the webhook, inside the
+  socket directory that labelled pods mount
 - NOTES render with the verification commands
 """
 
@@ -77,7 +83,6 @@ def test_the_defaults_render_every_component(default_objects: list[dict[str, Any
     assert {
         ("Deployment", "scheduler"),
         ("Service", "scheduler"),
-        ("PodDisruptionBudget", "scheduler"),
         ("Deployment", "operator"),
         ("Service", "webhook"),
         ("MutatingWebhookConfiguration", "webhook"),
@@ -161,35 +166,83 @@ def test_a_values_typo_fails_the_schema(helm: Path, setting: str, field: str) ->
     assert field in result.stderr
 
 
-def test_several_scheduler_replicas_are_refused_until_the_command_elects_a_leader(
-    helm: Path,
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["scheduler.replicas=2", "scheduler.store=memory"],
+        ["scheduler.replicas=2", "scheduler.leaderElection.enabled=false"],
+    ],
+    ids=["unshared-store", "election-off"],
+)
+def test_several_scheduler_replicas_need_election_and_the_shared_store(
+    helm: Path, sets: list[str]
 ) -> None:
-    result = run_helm(helm, "template", RELEASE, str(CHART), "--set", "scheduler.replicas=2")
+    args = ["template", RELEASE, str(CHART)]
+    for item in sets:
+        args += ["--set", item]
+    result = run_helm(helm, *args)
     assert result.returncode != 0
-    assert "replicas" in result.stderr
+    assert "scheduler.replicas > 1 needs scheduler.leaderElection.enabled" in result.stderr
+
+
+def test_the_scheduler_elects_a_leader_by_default(default_objects: list[dict[str, Any]]) -> None:
+    scheduler = find(default_objects, "Deployment", "scheduler")
+    name = scheduler["metadata"]["name"]
+    assert scheduler["spec"]["replicas"] == 2
+    env = env_of(scheduler)
+    assert env["RLSLICE_LEADER_ELECT"] == "true"
+    assert env["RLSLICE_LEASE_NAME"] == name
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Standbys are never ready: a rollout must not wait for them.
+    assert scheduler["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    pod = scheduler["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    # Only the leader is ready, so a budget would block drains: none is rendered.
+    assert not [o for o in default_objects if o["kind"] == "PodDisruptionBudget"]
+    rules = find(default_objects, "Role", "scheduler")["rules"]
+    leases = [r for r in rules if r["resources"] == ["leases"]]
+    assert {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": [name],
+        "verbs": ["get", "patch"],
+    } in leases
+    assert {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create"],
+    } in leases
+
+
+def test_one_scheduler_replica_gets_a_disruption_budget(helm: Path) -> None:
+    objects = render(helm, sets=["scheduler.replicas=1"])
+    budget = find(objects, "PodDisruptionBudget", "scheduler")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert "affinity" not in find(objects, "Deployment", "scheduler")["spec"]["template"]["spec"]
 
 
 def test_the_kubernetes_store_gets_configmaps_in_its_namespace_only(
     default_objects: list[dict[str, Any]], full_objects: list[dict[str, Any]]
 ) -> None:
     role = find(default_objects, "Role", "scheduler")
-    assert role["rules"] == [
-        {
-            "apiGroups": [""],
-            "resources": ["configmaps"],
-            "verbs": ["get", "list", "create", "patch", "delete"],
-        }
-    ]
+    assert role["rules"][0] == {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "create", "patch", "delete"],
+    }
+    assert {r["resources"][0] for r in role["rules"]} == {"configmaps", "leases"}
     assert (
         find(default_objects, "RoleBinding", "scheduler")["subjects"][0]["namespace"] == NAMESPACE
     )
     scheduler = find(default_objects, "Deployment", "scheduler")
     assert env_of(scheduler)["RLSLICE_STORE"] == "kubernetes"
     assert scheduler["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
-    # The SQLite store needs no API access: no Role, no token.
+    # The SQLite store needs no API access: no Role, no token, no election.
     assert not [o for o in full_objects if o["kind"] == "Role"]
-    pod = find(full_objects, "Deployment", "scheduler")["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    sqlite = find(full_objects, "Deployment", "scheduler")
+    assert sqlite["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert "RLSLICE_LEADER_ELECT" not in env_of(sqlite)
 
 
 def test_every_rbac_rule_says_which_feature_needs_it() -> None:
@@ -298,8 +351,6 @@ def test_the_operator_runs_alone_and_the_scheduler_is_probed_over_grpc(
     assert "grpc" in container["livenessProbe"]
     service = find(default_objects, "Service", "scheduler")
     assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
-    budget = find(default_objects, "PodDisruptionBudget", "scheduler")
-    assert budget["spec"]["maxUnavailable"] == 1
 
 
 def test_tls_mounts_the_secret_and_switches_probes_to_tcp(
@@ -308,8 +359,24 @@ def test_tls_mounts_the_secret_and_switches_probes_to_tcp(
     scheduler = find(full_objects, "Deployment", "scheduler")
     pod = scheduler["spec"]["template"]["spec"]
     assert pod["volumes"][0]["secret"]["secretName"] == "rlslice-tls"
-    assert "tcpSocket" in pod["containers"][0]["readinessProbe"]
-    assert env_of(scheduler)["RLSLICE_TLS_CERT"] == "/etc/rlslice/tls/tls.crt"
+    # Ready = the metrics port, which only a leading scheduler opens; alive = the gRPC port.
+    assert pod["containers"][0]["readinessProbe"]["tcpSocket"] == {"port": "metrics"}
+    assert pod["containers"][0]["livenessProbe"]["tcpSocket"] == {"port": "grpc"}
+    env = env_of(scheduler)
+    assert env["RLSLICE_SCHEDULER_TLS_CERT"] == "/etc/rlslice/tls/tls.crt"
+    assert env["RLSLICE_SCHEDULER_AGENT_TLS_CA"] == "/etc/rlslice/tls/ca.crt"
+    agent = env_of(find(full_objects, "DaemonSet", "agent"))
+    assert agent["RLSLICE_AGENT_SERVER_TLS_CERT"] == "/etc/rlslice/tls/tls.crt"
+    # The client's names (RLSLICE_TLS_*) and the old ambiguous ones are set nowhere.
+    for workload in (scheduler, find(full_objects, "DaemonSet", "agent")):
+        names = set(env_of(workload))
+        assert not names & {
+            "RLSLICE_TLS_CERT",
+            "RLSLICE_TLS_KEY",
+            "RLSLICE_AGENT_TLS_CERT",
+            "RLSLICE_AGENT_TLS_KEY",
+            "RLSLICE_AGENT_TLS_CA",
+        }
     assert (
         env_of(find(full_objects, "Deployment", "operator"))["RLSLICE_OPERATOR_TLS_CA_SECRET"]
         == "rlslice-ca"
@@ -367,6 +434,14 @@ def test_the_operator_reads_every_variable_the_chart_sets(
     assert _cmd._read_token(None, "RLSLICE_ADMIN_TOKEN") == "admin"
 
 
+# Server certificates: component-prefixed names (the flags keep their short names).
+AGENT_RENAMED = {
+    "RLSLICE_AGENT_SERVER_TLS_CERT": "tls_cert",
+    "RLSLICE_AGENT_SERVER_TLS_KEY": "tls_key",
+    "RLSLICE_AGENT_SERVER_TLS_CLIENT_CA": "tls_client_ca",
+}
+
+
 @pytest.mark.parametrize("which", ["default_objects", "full_objects"])
 def test_the_agent_reads_every_variable_the_chart_sets(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
@@ -380,11 +455,13 @@ def test_the_agent_reads_every_variable_the_chart_sets(
     env["RLSLICE_AGENT_TOKEN"] = "agent-secret"  # from the tokens Secret
     args = _parse(_cmd.configure, env, monkeypatch)
     for name, value in env.items():
-        dest = name.removeprefix("RLSLICE_AGENT_").lower()
+        dest = AGENT_RENAMED.get(name, name.removeprefix("RLSLICE_AGENT_").lower())
         assert getattr(args, dest) == value, name
+    monkeypatch.setenv("NODE_NAME", "ip-10-0-1-7.ec2.internal")  # the downward API
     settings = _cmd.settings_from(args)
     assert settings.backend == env["RLSLICE_AGENT_BACKEND"]
     assert settings.token == "agent-secret"
+    assert settings.node.startswith("ip-10-0-1-7-ec2-internal-")
 
 
 @pytest.mark.parametrize("which", ["default_objects", "full_objects"])
@@ -395,10 +472,24 @@ def test_the_scheduler_reads_every_variable_the_chart_sets(
 
     workload = find(request.getfixturevalue(which), "Deployment", "scheduler")
     env = _literal_env(workload)
+    if "RLSLICE_LEADER_ELECT" in env_of(workload):
+        env["POD_NAME"] = "rls-scheduler-abc"  # from the downward API
     args = _parse(_cmd.configure, env, monkeypatch)
-    parsed = {str(value) for value in vars(args).values()}
-    for name, value in env.items():
-        assert value in parsed, f"{name}={value} is not read by rlslice scheduler"
+    for name in env:
+        # Read = changing the variable changes what the command parses.
+        changed = _parse(_cmd.configure, {name: env[name] + "1"}, monkeypatch)
+        monkeypatch.setenv(name, env[name])
+        assert vars(changed) != vars(args), f"{name} is not read by rlslice scheduler"
+    settings = _cmd.settings_from(args)
+    if "RLSLICE_SCHEDULER_TLS_CERT" in env:
+        assert settings.tls is not None
+        assert str(settings.tls.cert) == env["RLSLICE_SCHEDULER_TLS_CERT"]
+        assert settings.agent_tls is not None
+    if "RLSLICE_LEADER_ELECT" in env:
+        election = _cmd.election_from(args)
+        assert election is not None
+        assert election.identity == "rls-scheduler-abc"
+        assert election.name == env["RLSLICE_LEASE_NAME"]
     for role in ("job", "admin", "agent"):
         name = f"RLSLICE_{role.upper()}_TOKEN"
         assert name in env_of(workload)
@@ -413,7 +504,7 @@ def test_the_notes_show_how_to_verify_the_install(helm: Path) -> None:
     assert result.returncode == 0, result.stderr
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "kubectl get tsg -w" in notes
-    assert f"rollout status deploy/{RELEASE}-scheduler" in notes
+    assert f"get lease {RELEASE}-scheduler" in notes  # the leader, with election on
     assert "kubectl get crd timeslicegroups.rlslice.dev" in notes
 
 
@@ -422,3 +513,27 @@ def test_render_uses_the_release_namespace_given(helm: Path) -> None:
     assert not [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
     operator = find(objects, "Deployment", "operator")
     assert env_of(operator)["RLSLICE_OPERATOR_WEBHOOK_PORT"] == "0"
+
+
+def test_the_agent_and_the_webhook_agree_on_the_sim_root(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    agent = find(default_objects, "DaemonSet", "agent")
+    root = env_of(agent)["RLSLICE_AGENT_SIM_ROOT"]
+    assert (
+        env_of(find(default_objects, "Deployment", "operator"))["RLSLICE_OPERATOR_SIM_ROOT"] == root
+    )
+    socket_dir = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}["socket"]
+    # Inside the hostPath that labelled pods mount at the same path.
+    assert root.startswith(socket_dir["hostPath"]["path"] + "/")
+
+
+def test_the_agent_runs_in_kubernetes_mode_on_its_nodes_name(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    env = env_of(find(default_objects, "DaemonSet", "agent"))
+    assert env["RLSLICE_AGENT_KUBERNETES"] == "true"
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["RLSLICE_AGENT_PROC_ROOT"] == "/host/proc"
+    # The node name comes from NODE_NAME through the label mapping, never verbatim.
+    assert "RLSLICE_AGENT_NODE" not in env

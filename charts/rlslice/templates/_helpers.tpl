@@ -39,6 +39,11 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- printf "%s:%d" (include "rlslice.schedulerHost" .) (int .Values.scheduler.grpcPort) -}}
 {{- end -}}
 
+{{/* The sim backend's root: in the agent socket directory, which labelled pods mount. */}}
+{{- define "rlslice.simRoot" -}}
+{{- printf "%s/sim" (.Values.agent.socketDir | trimSuffix "/") -}}
+{{- end -}}
+
 {{- define "rlslice.webhookService" -}}
 {{- include "rlslice.fullname" (dict "root" . "component" "webhook") -}}
 {{- end -}}
