@@ -184,9 +184,7 @@ async def test_stopping_the_leaders_command_hands_over_at_once(
             "--address",
             f"127.0.0.1:{port}",
         )
-        settings = _cmd.settings_from(args).model_copy(
-            update={"groups": (GroupSpec(name="g"),)}
-        )
+        settings = _cmd.settings_from(args).model_copy(update={"groups": (GroupSpec(name="g"),)})
         election = _cmd.election_from(args)
         tasks.append(asyncio.ensure_future(_cmd.serve(settings, election, stops[index])))
     addresses = [f"127.0.0.1:{port}" for port in ports]
