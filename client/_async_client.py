@@ -13,6 +13,7 @@ import grpc
 
 from rlslice._errors import DeadlineExceededError, FailedPreconditionError
 from rlslice._ids import validate_seconds
+from rlslice._tracing import ACQUIRE, span
 from rlslice.client._agent import register_with_local_agent
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
@@ -155,16 +156,25 @@ class AsyncClient:
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = None if timeout is None else started + timeout
-        try:
-            await self._start(group_id)
-            lease = await self._leases.get(group_id, deadline)
-            return await self._acquire(lease, phase, deadline, started)
-        except RpcFailed as failed:
-            if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise DeadlineExceededError(
-                    f"timeout: group {group_id!r} not granted within {timeout:g} s"
-                ) from None
-            raise failed.error from None
+        async with span(ACQUIRE, group=group_id, job=self.job, phase=phase or None) as traced:
+            try:
+                await self._start(group_id)
+                lease = await self._leases.get(group_id, deadline)
+                grant = await self._acquire(lease, phase, deadline, started)
+            except RpcFailed as failed:
+                if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise DeadlineExceededError(
+                        f"timeout: group {group_id!r} not granted within {timeout:g} s"
+                    ) from None
+                raise failed.error from None
+            traced.set(
+                epoch=grant.epoch,
+                waited_seconds=grant.waited_seconds,
+                switch_seconds=grant.switch_seconds,
+                moved_bytes=grant.moved_bytes,
+                restored=grant.restored,
+            )
+            return grant
 
     async def _acquire(
         self, lease: Lease, phase: str, deadline: float | None, started: float

@@ -26,6 +26,7 @@ from rlslice._errors import (
     ResourceExhaustedError,
 )
 from rlslice._ids import validate_id
+from rlslice._tracing import RESTORE, SNAPSHOT, span
 from rlslice.snapshot_agent import memguard, state
 from rlslice.snapshot_agent.backends import BackendEntry, installed_backends
 from rlslice.snapshot_agent.backends.base import (
@@ -435,11 +436,16 @@ class AgentEngine:
             self.table.save()
             self._refresh_jobs()
             started = time.perf_counter()
+            kind = SNAPSHOT if move is Move.SNAPSHOT else RESTORE
             try:
-                if move is Move.SNAPSHOT:
-                    outcome = await backend.snapshot(handle, deadline=deadline)
-                else:
-                    outcome = await backend.restore(handle, deadline=deadline)
+                async with span(
+                    kind, group=group, job=job, epoch=epoch, node=self.node, backend=name
+                ) as traced:
+                    if move is Move.SNAPSHOT:
+                        outcome = await backend.snapshot(handle, deadline=deadline)
+                    else:
+                        outcome = await backend.restore(handle, deadline=deadline)
+                    traced.set(seconds=outcome.seconds, bytes=outcome.bytes)
             except Exception as error:
                 seconds = time.perf_counter() - started
                 reason = str(error) or type(error).__name__
