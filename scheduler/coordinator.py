@@ -27,6 +27,7 @@ import grpc
 
 from rlslice._channel import open_channel
 from rlslice._errors import FailedPreconditionError, RlsliceError, UnavailableError
+from rlslice._tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.scheduler.core import GroupState, NodeMemory, Switch, choose_evictions, events
 from rlslice.scheduler.core.membership import group_nodes
@@ -137,7 +138,21 @@ class Coordinator:
     # -- switches ---------------------------------------------------------------------
 
     async def run_switch(self, state: GroupState, switch: Switch) -> events.Event:
-        """Execute `switch` for `state`'s group; the result event for the core."""
+        """Execute `switch` for `state`'s group; the result event for the core.
+
+        Traced as an `rlslice.switch` span (a no-op without OpenTelemetry)."""
+        async with span(
+            SWITCH,
+            group=state.name,
+            epoch=switch.epoch,
+            incoming=switch.incoming,
+            nodes=self.nodes_for(state.spec),
+        ) as traced:
+            result = await self._switch(state, switch)
+            traced.set(**_traced_outcome(result))
+            return result
+
+    async def _switch(self, state: GroupState, switch: Switch) -> events.Event:
         started = self._clock()
         spec = state.spec
         nodes = self.nodes_for(spec)
@@ -218,7 +233,13 @@ class Coordinator:
                 return everyone
             jobs = {j.job: j for j in status.jobs if j.group == state.name}
             mine = jobs.get(switch.incoming)
-            if mine is not None and mine.state in _PARKED:
+            if mine is not None and mine.state == apb.AGENT_JOB_STATE_RUNNING:
+                # On the device already (a switch resumed after its restore finished, or a
+                # job that allocated before it first acquired): what it holds there counts
+                # in `used`; only the rest of what it declared is still needed.
+                declared = record.device_bytes if record is not None else 0
+                need[node] = max(0, declared - mine.device_bytes)
+            elif mine is not None and mine.state in _PARKED:
                 need[node] = mine.host_bytes
             elif record is not None and record.device_bytes:
                 need[node] = record.device_bytes
@@ -285,6 +306,24 @@ class Coordinator:
                 log.warning("%s", error)
 
         await asyncio.gather(*(one(node) for node in self.nodes_for(spec)))
+
+
+def _traced_outcome(result: events.Event) -> dict[str, Any]:
+    """Span attributes at the end of a switch: outcome, and what moved."""
+    if isinstance(result, events.SwitchDone):
+        return {
+            "outcome": "done",
+            "outgoing": result.evicted,
+            "bytes": result.moved_bytes,
+            "seconds": result.seconds,
+        }
+    if isinstance(result, events.RestoreFailed):
+        return {
+            "outcome": "restore_failed",
+            "outgoing": result.evicted,
+            "bytes": result.moved_bytes,
+        }
+    return {"outcome": "snapshot_failed"}
 
 
 def _needs(status: apb.AgentStatus | None, job: str, group: str, *, snapshot: bool) -> bool:

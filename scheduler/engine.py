@@ -352,7 +352,8 @@ class Engine:
         name = runtime.state.name
         if isinstance(action, actions.Grant):
             self.metrics.acquire_wait.observe(action.waited_seconds)
-            future = runtime.calls.pop(action.ticket, None)
+            # No ticket: a switch resumed after a restart; the job's next Acquire finds it holding.
+            future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
             if future is not None and not future.done():
                 future.set_result(action)
         elif isinstance(action, actions.Fail):

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MiB = 1 << 20
 
@@ -215,7 +216,7 @@ class Cluster:
         give_up = loop.time() + timeout
         want = set(self.agents)
         async with grpc.aio.insecure_channel(self.address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
             while True:
                 with contextlib.suppress(grpc.aio.AioRpcError):
                     status = await stub.GetGroup(pb.GetGroupRequest(group=group), timeout=2)

@@ -41,10 +41,11 @@ class StartSwitch:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """Answer acquire `ticket` of `job`: it holds the group now."""
+    """Answer acquire `ticket` of `job`: it holds the group now. `ticket` is None for a
+    switch resumed after a restart whose caller has not called again yet."""
 
     job: str
-    ticket: int
+    ticket: int | None
     epoch: int
     waited_seconds: float
     restored: bool = False

@@ -129,7 +129,7 @@ def _acquire(tx: _Tx, e: ev.Acquire) -> None:
     if s.switch is not None and s.switch.incoming == e.job:
         if s.switch.ticket is not None:
             raise AlreadyExistsError(f"job: {e.job!r} is already waiting for group {s.name!r}")
-        tx.set(switch=replace(s.switch, ticket=e.ticket))
+        tx.set(switch=replace(s.switch, ticket=e.ticket, detached=False))
         tx.record(Kind.QUEUED, e.job, "rejoined during a switch")
         return
     if e.job in s.preempted:
@@ -333,7 +333,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
         last_switch_at=tx.now,
     )
     tx.record(Kind.SWITCH_DONE, incoming, seconds=e.seconds, nbytes=e.moved_bytes)
-    if switch.ticket is not None and incoming in s.jobs:
+    if (switch.ticket is not None or switch.detached) and incoming in s.jobs:
         _grant(
             tx,
             incoming,
@@ -423,7 +423,7 @@ def _undo_preempt(tx: _Tx, switch: Switch) -> None:
 def _grant(
     tx: _Tx,
     job: str,
-    ticket: int,
+    ticket: int | None,
     waited: float,
     *,
     restored: bool = False,
@@ -535,7 +535,11 @@ def _recover(tx: _Tx, e: ev.Recover) -> None:
         for name, r in s.jobs.items()
     }
     queue = tuple(replace(w, attached=False) for w in s.queue)
-    switch = replace(s.switch, ticket=None) if s.switch else None
+    switch = None
+    if s.switch is not None:
+        # The job being switched in was chosen before the restart: it keeps its turn.
+        detached = s.switch.detached or s.switch.ticket is not None
+        switch = replace(s.switch, ticket=None, detached=detached)
     tx.set(jobs=jobs, queue=queue, switch=switch)
     if switch is not None:
         tx.emit(a.StartSwitch(switch, resume=True))

@@ -86,6 +86,10 @@ class Switch:
     """The holder this switch preempts, if any."""
     preempted_since: float = 0.0
     phase: str = ""
+    detached: bool = False
+    """A scheduler restart cut the incoming job's call off: the switch still ends in a grant
+    to it (the job was served before the restart; its re-issued Acquire finds it holding),
+    unless the call comes back first and takes `ticket` again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -297,8 +297,12 @@ async def test_a_switch_cut_by_a_restart_is_completed_on_start(
         status = await live.group()
         assert (list(status.parked), list(status.resident)) == (["a"], ["b"])
         assert status.epoch == switch.rollback_epoch
+        # b was served before the restart: it keeps its turn and holds, though it has not
+        # called again yet (its client, re-issuing Acquire, reads ALREADY_EXISTS as granted).
+        assert status.holder == "b"
         for fake in agents:
             assert fake.jobs["b"].state == apb.AGENT_JOB_STATE_RUNNING
             assert fake.calls[-1] == ("restore", "b", switch.epoch)  # same epoch: idempotent
-        grant = await live.acquire("b", b)  # b calls again: resident, granted at once
-        assert grant.moved_bytes == 0
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await live.acquire("b", b)
+        assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS

@@ -390,7 +390,11 @@ def test_recover_detaches_waiters_who_rejoin_in_place_and_resumes_a_switch(
     sw = d.state.switch
     d.open_calls.clear()
     out = d.apply(events.Recover())
-    assert actions.StartSwitch(sw.__class__(**{**_fields(sw), "ticket": None}), resume=True) in out
+    resumed = sw.__class__(**{**_fields(sw), "ticket": None, "detached": True})
+    assert actions.StartSwitch(resumed, resume=True) in out
+    # The switch ends in a grant to c, though c has not called again yet.
+    d.finish_switch()
+    assert d.state.holder == "c"
 
 
 def _fields(obj: object) -> dict[str, object]:
