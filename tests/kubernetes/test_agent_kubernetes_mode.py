@@ -21,6 +21,7 @@ End to end:
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -405,3 +406,49 @@ async def test_a_process_that_starts_on_the_gpu_later_is_found_before_a_move(
             agent_pb2.RestoreRequest(job="trainer", group="rl-a", epoch=2, backend="sim"),
             timeout=10,
         )
+
+
+async def test_the_command_runs_in_kubernetes_mode_and_stops_on_sigterm(
+    cluster: kmock.KubernetesEmulator, short_dir: Path, tmp_path: Path
+) -> None:
+    import signal
+    import sys
+
+    cluster.objects["v1/nodes", None, NODE] = {
+        "metadata": {"name": NODE, "labels": {"rlslice.dev/pool": "rl"}}
+    }
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RLSLICE_")},
+        "PYTHONSAFEPATH": "1",
+        "RLSLICE_KUBE_API": str(cluster.url),
+        "NODE_NAME": NODE,
+        "RLSLICE_AGENT_KUBERNETES": "true",
+        "RLSLICE_AGENT_PROC_ROOT": str(short_dir),
+        "RLSLICE_AGENT_ADDRESS": "127.0.0.1:0",
+        "RLSLICE_AGENT_SOCKET": str(short_dir / "a.sock"),
+        "RLSLICE_AGENT_STATE_DIR": str(tmp_path / "state"),
+        "RLSLICE_AGENT_SIM_ROOT": str(short_dir / "sim"),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rlslice._cli",
+        "agent",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        assert f"node {node_label(NODE)} (Kubernetes node {NODE})" in line, line
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    # It asked the API for its Node and for the pods on it.
+    paths = {request.url.path for request in cluster}
+    assert f"/api/v1/nodes/{NODE}" in paths
+    assert "/api/v1/pods" in paths
