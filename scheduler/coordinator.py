@@ -26,7 +26,12 @@ from typing import Any
 import grpc
 
 from rlslice._channel import open_channel
-from rlslice._errors import FailedPreconditionError, RlsliceError, UnavailableError
+from rlslice._errors import (
+    AbortedError,
+    FailedPreconditionError,
+    ResourceExhaustedError,
+    RlsliceError,
+)
 from rlslice._tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.scheduler.core import GroupState, NodeMemory, Switch, choose_evictions, events
@@ -53,11 +58,13 @@ class AgentCallError(Exception):
     @property
     def kind(self) -> type[RlsliceError]:
         """The error kind a waiter should see."""
-        return (
-            UnavailableError
-            if self.code in _TRANSPORT or self.code is None
-            else (FailedPreconditionError)
-        )
+        if self.code in _TRANSPORT or self.code is None:
+            # ABORTED, not UNAVAILABLE: clients retry UNAVAILABLE as a scheduler outage, and
+            # would freeze and roll back the outgoing job again and again.
+            return AbortedError
+        if self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return ResourceExhaustedError  # host memory short: the outgoing job runs on
+        return FailedPreconditionError
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,23 @@ class Coordinator:
             reason = "; ".join(str(f) for f in failures)
             return events.RestoreFailed(switch.epoch, reason, evict, moved)
         return events.SwitchDone(switch.epoch, evict, moved, self._clock() - started)
+
+    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
+        """Host bytes each node of the group can give the group's parked state: what its
+        agent reports available now, plus what the group parks there already. A node that
+        does not answer Status counts with what it reported at registration; a node that
+        never reported host memory (0, the wire's "unset") is left out (unknown)."""
+        nodes = self.nodes_for(spec)
+        statuses = await self._statuses(nodes)
+        capacity: dict[str, int] = {}
+        for node in nodes:
+            status = statuses.get(node)
+            if status is not None and status.host_available_bytes > 0:
+                mine = sum(j.host_bytes for j in status.jobs if j.group == spec.name)
+                capacity[node] = status.host_available_bytes + mine
+            elif (record := self.agents.get(node)) is not None and record.host_available_bytes:
+                capacity[node] = record.host_available_bytes
+        return capacity
 
     async def _statuses(self, nodes: tuple[str, ...]) -> dict[str, apb.AgentStatus]:
         async def one(node: str) -> apb.AgentStatus | None:

@@ -27,10 +27,12 @@ from rlslice._errors import (
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from rlslice.config import GroupSpec
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
+from rlslice.scheduler.capacity import register_refusal
 from rlslice.scheduler.core import GroupState, actions, deadline, events, new_group, step
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.state import JobRecord, Switch
@@ -53,6 +55,10 @@ class SwitchRunner(Protocol):
 
     async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
         """Ask the group's agents to drop a job's state."""
+        ...
+
+    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
+        """Host bytes per node the group's parked state may take (nodes that reported)."""
         ...
 
 
@@ -81,6 +87,7 @@ class Engine:
         metrics: SchedulerMetrics,
         *,
         auto_create_groups: bool = False,
+        host_reserve_bytes: int = 0,
         ring_size: int = 128,
         watch_queue_size: int = 1024,
         clock: Callable[[], float] = time.time,
@@ -89,6 +96,7 @@ class Engine:
         self.runner = runner
         self.metrics = metrics
         self.auto_create_groups = auto_create_groups
+        self.host_reserve_bytes = host_reserve_bytes
         self.clock = clock
         self._ring_size = ring_size
         self._watch_queue_size = watch_queue_size
@@ -169,6 +177,27 @@ class Engine:
         self._apply(runtime, event)
         self._leases[lease_id] = (group, job)
         return Registration(lease_id, secret, seconds, runtime.state.epoch)
+
+    async def check_capacity(self, group: str, job: str, device_bytes: int) -> None:
+        """Refuse (RESOURCE_EXHAUSTED) a job whose parked state, beside every other job's of
+        the group, would not fit in a node's host memory. Other refusals (unknown group,
+        duplicate) are left to `register`."""
+        if device_bytes <= 0:
+            return
+        runtime = self.groups.get(group)
+        if runtime is None and not self.auto_create_groups:
+            return
+        spec = runtime.state.spec if runtime is not None else GroupSpec(name=group)
+        jobs = runtime.state.jobs if runtime is not None else {}
+        if job in jobs or not self.runner.nodes_for(spec):
+            return
+        capacity = await self.runner.parking_capacity(spec)
+        others = {name: record.device_bytes for name, record in jobs.items()}
+        reason = register_refusal(
+            group, job, device_bytes, others, capacity, self.host_reserve_bytes
+        )
+        if reason is not None:
+            raise ResourceExhaustedError(reason)
 
     def lease(self, lease_id: str, secret: str) -> tuple[GroupRuntime, JobRecord]:
         """The live lease `lease_id`, once `secret` proves the caller owns it."""

@@ -98,6 +98,7 @@ async def start_scheduler(
         coordinator,
         metrics,
         auto_create_groups=settings.auto_create_groups,
+        host_reserve_bytes=settings.host_reserve_bytes,
         ring_size=settings.event_ring_size,
         watch_queue_size=settings.watch_queue_size,
     )

@@ -94,6 +94,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     @_refusals
     async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
         _validate.register(request)
+        await self.engine.check_capacity(request.group, request.job, request.device_bytes)
         done = self.engine.register(
             request.group,
             request.job,

@@ -56,3 +56,7 @@ class SchedulerSettings(BaseModel):
     """Events buffered per Watch stream; a watcher that falls further behind is dropped."""
     shutdown_grace_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
     """On SIGTERM, seconds calls in flight get to finish."""
+    host_reserve_bytes: Annotated[int, Field(ge=0)] = 1 << 30
+    """Host memory kept free on every node when checking, at Register, that the group's
+    parked state fits (a job declaring `device_bytes` that would not fit is refused with
+    RESOURCE_EXHAUSTED). Mirrors the agents' own `host_reserve_bytes`."""

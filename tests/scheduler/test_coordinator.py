@@ -5,7 +5,7 @@ Cases: a switch snapshots the outgoing job on all three nodes, then restores the
 one, and the grant reports restored and moved bytes; an incoming job that fits beside the
 resident one is granted without any snapshot (co-residency); one unreachable node -> the
 snapshots that succeeded are rolled back, the switch is retried once, the waiter fails
-UNAVAILABLE naming the node, and the outgoing job runs on; a node refusing the snapshot ->
+ABORTED naming the node, and the outgoing job runs on; a node refusing the snapshot ->
 FAILED_PRECONDITION; a restore that keeps failing -> the job is FAULTED with the reason and
 the next waiter is served; a lapsed lease releases state without force, unregister with
 force; a group's `nodes` limits the switch to those agents; a scheduler stopped after the
@@ -180,7 +180,7 @@ async def test_an_incoming_job_that_fits_is_granted_without_eviction(
 @pytest.mark.parametrize(
     ("how", "code"),
     [
-        ("unreachable", grpc.StatusCode.UNAVAILABLE),
+        ("unreachable", grpc.StatusCode.ABORTED),
         ("refuses", grpc.StatusCode.FAILED_PRECONDITION),
     ],
 )
