@@ -163,7 +163,7 @@ def main() -> int:
 
             pynvml.nvmlInit()
             total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
-        except Exception as error:  # noqa: BLE001 - report and go on with the datasheet size
+        except Exception as error:
             report["nvml"] = str(error)
         # Leave room for one job: every grant to the other job is a real switch.
         job_bytes = int(args.gib * GiB) + 2 * 4096 * 4096 * 4
