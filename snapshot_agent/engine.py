@@ -8,6 +8,7 @@ cut a copy in half, and the result is kept for a repeat with the same epoch.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -531,9 +532,22 @@ class AgentEngine:
             name = entry.record.backend or entry.backend or self.default_backend
             backend = await self.backend(name)
             freed = await backend.release(self._handle(entry, pids))
-            for ref in entry.processes:
-                self._watcher.forget(ref)
-            self.table.entries.pop(job, None)
+            if pids:
+                # Released before its processes exit (the job unregistered, then ends): the
+                # parked copy is gone and the processes run; keep watching them, so that
+                # `_drop_if_gone` frees their device memory when they are gone.
+                entry.record = dataclasses.replace(
+                    entry.record,
+                    state=JobState.RUNNING,
+                    parked_bytes=0,
+                    reason="",
+                    faulted_in=None,
+                )
+                entry.released = True
+            else:
+                for ref in entry.processes:
+                    self._watcher.forget(ref)
+                self.table.entries.pop(job, None)
             self.table.save()
         await self.refresh_metrics()
         return freed, True

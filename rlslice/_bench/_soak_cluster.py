@@ -246,3 +246,15 @@ class Cluster:
                             if path.is_file():
                                 totals[part] += path.stat().st_size
         return totals
+
+    def sim_owners(self) -> list[str]:
+        """`node/part/job` of every sim folder that still holds bytes (for leak reports)."""
+        found = []
+        for agent in self.agents.values():
+            for part in ("jobs", "parked"):
+                folder = agent.node_dir / part
+                for job in sorted(folder.iterdir()) if folder.is_dir() else ():
+                    size = sum(p.stat().st_size for p in job.rglob("*") if p.is_file())
+                    if size:
+                        found.append(f"{agent.node}/{part}/{job.name}: {size} bytes")
+        return found

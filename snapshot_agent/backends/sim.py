@@ -321,6 +321,10 @@ class SimBackend:
         if not job.pids:
             # No process left: its device memory is garbage, as on a GPU after exit.
             shutil.rmtree(self.node_dir / _simfs.JOBS_DIR / job.job, ignore_errors=True)
+        else:
+            # Let go while parked (the job unregistered): its device state is gone, but its
+            # processes must not stay frozen for ever, or they could never exit.
+            _freeze.resume(job.pids)
         return freed
 
 

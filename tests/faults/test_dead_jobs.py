@@ -11,7 +11,9 @@ Cases:
   the agent while its frozen worker lives; once the worker is killed too, the agent frees
   the parked copy;
 - a waiting driver that is SIGKILLed leaves the queue at once (its connection drops),
-  long before its lease would lapse.
+  long before its lease would lapse;
+- a job that ends (closes its client) while parked has its worker resumed, so that the
+  worker can exit; its parked copy is freed.
 """
 
 from __future__ import annotations
@@ -132,3 +134,26 @@ async def _left_group(f: Faults, job: str) -> bool:
 
 async def _gone_from_agent(f: Faults, job: str) -> bool:
     return await f.agent_job("n1", job) is None
+
+
+async def test_a_job_that_ends_while_parked_is_resumed_so_it_can_exit(
+    faults: Callable[..., Any],
+) -> None:
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        worker_a = await f.worker("n1", "a")
+        async with AsyncClient(job="b", group="g", scheduler=f.address, device_bytes=STATE) as b:
+            a = AsyncClient(job="a", group="g", scheduler=f.address, device_bytes=STATE)
+            await a.acquire(timeout=30)
+            await worker_a.call(op="init", size=STATE, seed=1)
+            await a.yield_()
+            await b.acquire(timeout=30)
+            assert worker_a.state == "T"
+            await a.close()  # the job is over while parked: Unregister, released with force
+            await f.eventually(lambda: worker_a.state not in ("T", ""))
+            assert (await worker_a.call(op="quit"))["ok"]  # it runs, so it can exit
+            await worker_a.reap()
+            await f.eventually(lambda: f.cluster.sim_bytes()["parked"] == 0)
+            await f.eventually(lambda: _gone_from_agent(f, "a"))
+            await f.check()
+            await b.yield_()
