@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 ACQUIRE_TARGET = 2.0
@@ -31,11 +32,21 @@ HANDOFF_TARGET = 5.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    _add_agents_flag(parser)
     parser.add_argument("--iterations", type=int, default=2000, help="samples per measurement")
     parser.add_argument("--handoffs", type=int, default=1000, help="handoff samples")
     parser.add_argument("--warmup", type=int, default=200, help="unmeasured calls first")
     parser.add_argument(
         "--in-process", action="store_true", help="run the scheduler on the bench's own loop"
+    )
+
+
+def _add_agents_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=3,
+        help="also time handoffs through this many sim agents at zero bytes (0: skip)",
     )
 
 
@@ -145,6 +156,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 handoff.append(t1 - t0)
             holder, waiter = waiter, holder
         await stub.Yield(holder[1])
+        through_agents: list[float] = []
+        if args.agents > 0:
+            through_agents = await _handoffs_through_agents(
+                stub, address, args.agents, args.handoffs // 4, args.warmup // 8
+            )
 
     result: dict[str, Any] = {
         "scheduler": "in-process" if args.in_process else "subprocess",
@@ -153,6 +169,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "uncontended_acquire_yield": _percentiles(cycle),
         "handoff": _percentiles(handoff),
     }
+    if through_agents:
+        result["handoff_through_agents"] = {
+            **_percentiles(through_agents),
+            "agents": args.agents,
+            "bytes": 0,
+        }
     bare_p99 = result["bare_roundtrip"]["p99_ms"]
     result["acquire_p99_ratio"] = result["uncontended_acquire"]["p99_ms"] / bare_p99
     result["acquire_yield_p99_ratio"] = result["uncontended_acquire_yield"]["p99_ms"] / bare_p99
@@ -170,6 +192,10 @@ def _print(result: dict[str, Any]) -> None:
     for key in ("bare_roundtrip", "uncontended_acquire", "uncontended_acquire_yield", "handoff"):
         row = result[key]
         print(f"{key:28} {row['p50_ms']:9.3f} {row['p99_ms']:9.3f} {row['n']:6d}")
+    if "handoff_through_agents" in result:
+        row = result["handoff_through_agents"]
+        label = f"handoff, {row['agents']} sim agents"
+        print(f"{label:28} {row['p50_ms']:9.3f} {row['p99_ms']:9.3f} {row['n']:6d}")
     print(
         f"acquire p99 / bare p99 = {result['acquire_p99_ratio']:.2f} "
         f"(target <= {ACQUIRE_TARGET:g}: {'ok' if result['acquire_ok'] else 'MISSED'})"
@@ -179,3 +205,111 @@ def _print(result: dict[str, Any]) -> None:
         f"handoff p99 / bare p99 = {result['handoff_p99_ratio']:.2f} "
         f"(target <= {HANDOFF_TARGET:g}: {'ok' if result['handoff_ok'] else 'MISSED'})"
     )
+
+
+async def _handoffs_through_agents(
+    stub: Any, address: str, agents: int, samples: int, warmup: int
+) -> list[float]:
+    """Handoffs in a group of `agents` sim agents whose jobs hold zero bytes.
+
+    Each job has a real (sleeping) process on every node, registered through `rlslice run`;
+    the group's headroom keeps two jobs from sharing a device, so every handoff is a full
+    switch: Status on every node, Snapshot of the outgoing job on every node in parallel
+    (its processes really stopped), Restore of the incoming one, grant. With nothing to
+    copy, what is timed is the coordinator's own overhead.
+    """
+    import shutil
+    import tempfile
+
+    from rlslice.config import GroupSpec
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    work = Path(tempfile.mkdtemp(prefix="rlslice-bench-"))
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    cli = [sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING"]
+    processes: list[asyncio.subprocess.Process] = []
+    try:
+        for i in range(agents):
+            node = f"bench-{i}"
+            processes.append(
+                await asyncio.create_subprocess_exec(
+                    *cli,
+                    "agent",
+                    "--node",
+                    node,
+                    "--address",
+                    "127.0.0.1:0",
+                    "--socket",
+                    str(work / f"{node}.sock"),
+                    "--sim-root",
+                    str(work / "sim"),
+                    "--state-dir",
+                    str(work / node),
+                    "--scheduler",
+                    address,
+                    env=env,
+                    stdout=asyncio.subprocess.DEVNULL,
+                )
+            )
+        spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50)
+        await stub.PutGroup(pb.PutGroupRequest(spec=spec.to_proto()))
+        deadline = time.monotonic() + 30
+        while len((await stub.GetGroup(pb.GetGroupRequest(group="bench-agents"))).nodes) < agents:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bench's agents did not register with the scheduler")
+            await asyncio.sleep(0.1)
+        leases = {}
+        for job in ("ga", "gb"):
+            leases[job] = await stub.Register(
+                pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
+            )
+            for i in range(agents):
+                processes.append(
+                    await asyncio.create_subprocess_exec(
+                        *cli,
+                        "run",
+                        "--job",
+                        job,
+                        "--group",
+                        "bench-agents",
+                        "--agent-socket",
+                        str(work / f"bench-{i}.sock"),
+                        "--",
+                        "sleep",
+                        "3600",
+                        env=env,
+                        stdout=asyncio.subprocess.DEVNULL,
+                    )
+                )
+        await asyncio.sleep(1.0)  # the wrapped processes register with their agents
+
+        def request(kind: Any, job: str) -> Any:
+            lease = leases[job]
+            return kind(job=job, group="bench-agents", lease_id=lease.lease_id, secret=lease.secret)
+
+        group = pb.GetGroupRequest(group="bench-agents")
+        holder, waiter = "ga", "gb"
+        await stub.Acquire(request(pb.AcquireRequest, holder))
+        samples_s: list[float] = []
+        for i in range(warmup + samples):
+            blocked = asyncio.ensure_future(stub.Acquire(request(pb.AcquireRequest, waiter)))
+            while not (await stub.GetGroup(group)).queue:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            t0 = time.perf_counter()
+            await stub.Yield(request(pb.YieldRequest, holder))
+            await blocked
+            if i >= warmup:
+                samples_s.append(time.perf_counter() - t0)
+            holder, waiter = waiter, holder
+        await stub.Yield(request(pb.YieldRequest, holder))
+        return samples_s
+    finally:
+        for process in reversed(processes):
+            if process.returncode is None:
+                process.terminate()
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+        shutil.rmtree(work, ignore_errors=True)
