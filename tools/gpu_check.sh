@@ -27,11 +27,11 @@ cd "$(dirname "$0")/.." || exit 2
 step() {  # step NAME SECONDS COMMAND... : run with a timeout, record the status
   local name=$1 seconds=$2
   shift 2
-  echo "=== $name (timeout ${seconds}s): $*"
+  echo "=== $name (timeout ${seconds}s): $*" >&2
   local start=$SECONDS
   timeout --kill-after=10 "$seconds" "$@"
   local rc=$?
-  echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt"
+  echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt" >&2
   return 0
 }
 
