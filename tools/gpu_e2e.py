@@ -1,6 +1,7 @@
-"""End to end on a real GPU: two torch jobs time-sliced through `rlslice up --backend cuda`.
+"""End to end on a real GPU: two torch jobs time-sliced through `rlslice up` (`cuda` or `app`).
 
     PYTHONSAFEPATH=1 python3 tools/gpu_e2e.py --gib 2 --steps 8 --out OUT.json
+    PYTHONSAFEPATH=1 python3 tools/gpu_e2e.py --backend app --gib 2 --steps 8 --out OUT.json
 
 Starts `rlslice up` (scheduler + agent, `cuda` backend) as a subprocess, puts a group whose
 headroom leaves room for one job only (so every switch really checkpoints a process through
@@ -49,6 +50,19 @@ def run_job(
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     inputs = torch.randn(256, width, device=device)
     targets = torch.randn(256, 1, device=device)
+    offload = None
+    if os.environ.get("GPU_E2E_BACKEND") == "app" and not alone:
+        # The `app` backend: the job offloads itself on the agent's command. Its offload
+        # thread registers the process with the agent; the client must not do it again.
+        from rlslice.client.offload import TorchOffloader, start_offload_thread
+
+        offloader = TorchOffloader()
+        offloader.register(model, "weights")
+        offloader.register(optimizer, "optimizer")
+        offloader.register([ballast, inputs, targets], "data")
+        socket_path = os.environ.pop("RLSLICE_AGENT_SOCKET")
+        offload = start_offload_thread(offloader, job=name, group="h200", socket_path=socket_path)
+        time.sleep(1.0)  # registered and listening before the first grant
     client = Client(
         job=name,
         group="h200",
@@ -78,6 +92,8 @@ def run_job(
         )
         time.sleep(0.3)  # CPU phase: reward scoring; the other job may hold the GPU now
     client.close()
+    if offload is not None:
+        offload.stop()
     out.write_text(json.dumps({"losses": losses, "grants": grants, "ballast": checks}))
 
 
@@ -97,9 +113,12 @@ def main() -> int:
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("gpu-e2e.json"))
-    parser.add_argument("--backend", default="cuda", help="sim: a dry run of the plumbing on CPU")
+    parser.add_argument(
+        "--backend", default="cuda", choices=["cuda", "app", "sim"], help="the group's backend"
+    )
     args = parser.parse_args()
-    if args.backend != "cuda":
+    os.environ["GPU_E2E_BACKEND"] = args.backend
+    if args.backend == "sim":
         os.environ["GPU_E2E_DEVICE"] = "cpu"
 
     import grpc
