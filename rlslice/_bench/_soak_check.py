@@ -4,14 +4,15 @@ Events are dicts with `t` (a monotonic clock all processes share), `ev`, and for
 events `job` and `group`. What is checked:
 
 - **one holder**: per group, a job's hold runs from `granted` to its `yield` (or to the
-  moment the job was killed or stopped); holds of different jobs never overlap;
+  moment the job was killed, or began `closing` its client); holds of different jobs never overlap;
 - **every acquire answered**: each `acquire` is followed, in its job's own events, by
   `granted`, `acquire_failed` (a reason) or `acquire_cancelled` (the job gave up), unless
   the job was killed while waiting;
 - **bytes intact**: every `checked` (the worker's sha256 after a grant, against the one it
   had when the job let go) is ok;
 - **epochs rise**: per group, grants in time order carry strictly increasing epochs;
-- **no job stuck**: every job that was not killed logged `stopped`.
+- **no job stuck or crashed**: every job that was not killed logged `stopped`, and none
+  logged `crashed` (an error the driver did not expect: its worker failed, say).
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def _check_job(
                 report.violations.append(
                     f"{job}: device bytes changed while parked (at {event['t']:.3f})"
                 )
-        elif kind in ("yield", "stopped") and granted is not None:
+        elif kind == "crashed":
+            report.violations.append(f"{job}: crashed: {event.get('error', '?')}")
+        elif kind in ("yield", "closing", "stopped") and granted is not None:
             group = str(granted["group"])
             holds[group].append((float(granted["t"]), float(event["t"]), job, _epoch(granted)))
             granted = None

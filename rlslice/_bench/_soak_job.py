@@ -46,10 +46,19 @@ class EventLog:
 
 def worker(job: str, group: str, node_dir: str, device_index: int) -> int:
     """Register with the agent, then answer init/step/hash/quit on stdin."""
+    from rlslice import UnavailableError
     from rlslice.client import sim
     from rlslice.client._local import register_with_agent
 
-    register_with_agent(os.environ["RLSLICE_AGENT_SOCKET"], job, group)
+    give_up = time.monotonic() + 60
+    while True:  # the node's agent may be down (killed by the soak) for a moment
+        try:
+            register_with_agent(os.environ["RLSLICE_AGENT_SOCKET"], job, group)
+            break
+        except UnavailableError:
+            if time.monotonic() > give_up:
+                raise
+            time.sleep(0.2)
     out = sys.stdout
     out.write(json.dumps({"pid": os.getpid()}) + "\n")
     out.flush()
@@ -115,7 +124,6 @@ class _Worker:
 
 
 async def drive(args: argparse.Namespace) -> int:
-    from rlslice import RlsliceError
     from rlslice.client import AsyncClient
 
     log = EventLog(args.log, job=args.job, group=args.group)
@@ -125,6 +133,9 @@ async def drive(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     worker_proc = _Worker(args)
     hello = await asyncio.to_thread(worker_proc._out.readline)
+    if not hello:
+        log("crashed", error=f"the worker exited with {worker_proc.process.wait()} at start")
+        return 1
     log("started", pid=os.getpid(), worker_pid=json.loads(hello)["pid"])
     client = AsyncClient(
         job=args.job,
@@ -133,8 +144,6 @@ async def drive(args: argparse.Namespace) -> int:
         lease_seconds=args.lease,
         device_bytes=args.state_bytes,
     )
-    expected = ""
-    step = 0
 
     async def until_stopped(coroutine: Any) -> Any:
         """Run `coroutine` unless SIGTERM comes first (then cancel it: no ghost waiter)."""
@@ -149,51 +158,71 @@ async def drive(args: argparse.Namespace) -> int:
         return task.result()
 
     try:
-        while not stop.is_set():
-            log("acquire", n=step)
-            try:
-                grant = await until_stopped(client.acquire(timeout=args.acquire_timeout))
-            except asyncio.CancelledError:
-                log("acquire_cancelled", n=step)
-                break
-            except RlsliceError as error:
-                log("acquire_failed", n=step, kind=type(error).__name__, reason=str(error))
-                await asyncio.sleep(rng.uniform(0.1, 0.5))
-                continue
-            log(
-                "granted",
-                n=step,
-                epoch=grant.epoch,
-                restored=grant.restored,
-                moved=grant.moved_bytes,
-                switch_seconds=grant.switch_seconds,
-            )
-            if not expected:
-                answer = await worker_proc.call(op="init", size=args.state_bytes, seed=args.seed)
-                log("init", hash=answer["hash"])
-            else:
-                answer = await worker_proc.call(op="hash")
-                log("checked", ok=answer["hash"] == expected, want=expected, got=answer["hash"])
-            step += 1
-            answer = await worker_proc.call(op="step", k=step)
-            expected = str(answer["hash"])
-            await asyncio.sleep(rng.uniform(args.min_phase, args.max_phase))  # GPU phase
-            log("yield", n=step)
-            try:
-                result = await client.yield_()
-                log("yielded", waiters=result.waiters)
-            except RlsliceError as error:
-                log("yield_failed", kind=type(error).__name__, reason=str(error))
-            with_cpu = rng.uniform(args.min_phase, args.max_phase)
-            try:
-                await asyncio.wait_for(stop.wait(), with_cpu)  # CPU phase
-            except TimeoutError:
-                pass
+        await _cycles(args, log, rng, stop, client, worker_proc, until_stopped)
+    except Exception as error:
+        log("crashed", error=f"{type(error).__name__}: {error}")
+        raise
     finally:
+        log("closing")
         await client.close()
         await asyncio.to_thread(_quit, worker_proc)
-        log("stopped", steps=step)
+        log("stopped")
     return 0
+
+
+async def _cycles(
+    args: argparse.Namespace,
+    log: EventLog,
+    rng: random.Random,
+    stop: asyncio.Event,
+    client: Any,
+    worker_proc: _Worker,
+    until_stopped: Any,
+) -> None:
+    from rlslice import RlsliceError
+
+    expected = ""
+    step = 0
+    while not stop.is_set():
+        log("acquire", n=step)
+        try:
+            grant = await until_stopped(client.acquire(timeout=args.acquire_timeout))
+        except asyncio.CancelledError:
+            log("acquire_cancelled", n=step)
+            break
+        except RlsliceError as error:
+            log("acquire_failed", n=step, kind=type(error).__name__, reason=str(error))
+            await asyncio.sleep(rng.uniform(0.1, 0.5))
+            continue
+        log(
+            "granted",
+            n=step,
+            epoch=grant.epoch,
+            restored=grant.restored,
+            moved=grant.moved_bytes,
+            switch_seconds=grant.switch_seconds,
+        )
+        if not expected:
+            answer = await worker_proc.call(op="init", size=args.state_bytes, seed=args.seed)
+            log("init", hash=answer["hash"])
+        else:
+            answer = await worker_proc.call(op="hash")
+            log("checked", ok=answer["hash"] == expected, want=expected, got=answer["hash"])
+        step += 1
+        answer = await worker_proc.call(op="step", k=step)
+        expected = str(answer["hash"])
+        await asyncio.sleep(rng.uniform(args.min_phase, args.max_phase))  # GPU phase
+        log("yield", n=step)
+        try:
+            result = await client.yield_()
+            log("yielded", waiters=result.waiters)
+        except RlsliceError as error:
+            log("yield_failed", kind=type(error).__name__, reason=str(error))
+        with_cpu = rng.uniform(args.min_phase, args.max_phase)
+        try:
+            await asyncio.wait_for(stop.wait(), with_cpu)  # CPU phase
+        except TimeoutError:
+            pass
 
 
 def _quit(worker_proc: _Worker) -> None:

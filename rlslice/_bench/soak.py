@@ -5,9 +5,9 @@ killed and restarted at random; the event log is checked against the invariants 
 
 Everything runs on loopback: an `rlslice scheduler` process (SQLite store), one `rlslice
 agent` process per node (`sim` backend, one emulated device per group), and per job a
-driver process with an `AsyncClient` and a GPU worker process (`_soak_job`). Groups are
-spread over the nodes; each device holds two jobs' state, so switches both co-reside and
-evict. Faults come one at a time, a random kind each (the first three cover job, agent and
+driver process with an `AsyncClient` and a GPU worker process (`_soak_job`). Each group
+has a node (agent) of its own, whose device holds two jobs' state, so switches both
+co-reside and evict. Faults come one at a time, a random kind each (the first three cover job, agent and
 scheduler): SIGKILL of a job (driver and worker; it comes back under a new name), of an
 agent or of the scheduler (each restarted after a short pause on the same files and port).
 
@@ -47,8 +47,6 @@ class SoakConfig:
     jobs: int = 5
     """Jobs per group."""
     seed: int = 0
-    nodes: int = 0
-    """Agents; 0 means min(3, groups)."""
     state_bytes: int = 1 * MiB
     """Emulated device memory of each job (filled with seeded bytes, hashed at every grant)."""
     rate_gbps: float = 2.0
@@ -87,10 +85,11 @@ class _Run:
 
 
 def _group_layout(config: SoakConfig) -> tuple[list[str], dict[str, tuple[str, int]]]:
-    """Node names, and for each group its node and device index there."""
-    count = config.nodes or min(3, config.groups)
-    nodes = [f"n{i + 1}" for i in range(count)]
-    layout = {f"g{i}": (nodes[i % count], i // count) for i in range(config.groups)}
+    """Node names, and for each group its node and device index there: one agent (node)
+    per group, one emulated device each. (Groups sharing a node would share its devices'
+    memory in the coordinator's co-residency arithmetic, which sizes whole nodes.)"""
+    nodes = [f"n{i + 1}" for i in range(config.groups)]
+    layout = {f"g{i}": (nodes[i], 0) for i in range(config.groups)}
     return nodes, layout
 
 
@@ -322,7 +321,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=10, help="groups (default 10)")
     parser.add_argument("--jobs", type=int, default=5, help="jobs per group (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--nodes", type=int, default=0, help="agents (default min(3, groups))")
     parser.add_argument(
         "--fault-interval", type=float, default=4.0, help="mean seconds between faults"
     )
@@ -341,7 +339,6 @@ def run(args: argparse.Namespace) -> int:
         groups=args.groups,
         jobs=args.jobs,
         seed=args.seed,
-        nodes=args.nodes,
         fault_interval=args.fault_interval,
         state_bytes=max(4096, math.ceil(args.state_mib * MiB)),
         out=args.out,
