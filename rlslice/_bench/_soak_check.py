@@ -110,6 +110,10 @@ def _check_job(
                 report.violations.append(
                     f"{job}: device bytes changed while parked (at {event['t']:.3f})"
                 )
+        elif kind == "worker_stuck":
+            report.violations.append(
+                f"{job}: its worker did not exit after the job ended (state {event.get('state')})"
+            )
         elif kind == "crashed":
             report.violations.append(f"{job}: crashed: {event.get('error', '?')}")
         elif kind in ("yield", "closing", "stopped") and granted is not None:

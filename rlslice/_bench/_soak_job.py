@@ -165,7 +165,9 @@ async def drive(args: argparse.Namespace) -> int:
     finally:
         log("closing")
         await client.close()
-        await asyncio.to_thread(_quit, worker_proc)
+        stuck = await asyncio.to_thread(_quit, worker_proc)
+        if stuck:
+            log("worker_stuck", state=stuck)
         log("stopped")
     return 0
 
@@ -225,12 +227,31 @@ async def _cycles(
             pass
 
 
-def _quit(worker_proc: _Worker) -> None:
+def _quit(worker_proc: _Worker) -> str:
+    """Ask the worker to exit. "" when it did; else its /proc state ('T': frozen) before it
+    was killed, 15 s later."""
     try:
-        worker_proc.call_sync(op="quit")
-        worker_proc.process.wait(timeout=10)
-    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired):
+        worker_proc._in.write(json.dumps({"op": "quit"}) + "\n")
+        worker_proc._in.flush()
+    except (OSError, ValueError):
+        pass  # it is gone already
+    try:
+        worker_proc.process.wait(timeout=15)
+        return ""
+    except subprocess.TimeoutExpired:
+        state = _proc_state(worker_proc.process.pid)
         worker_proc.process.kill()
+        worker_proc.process.wait()
+        return state
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return "gone"
+    return text[text.rfind(")") + 2]
 
 
 def driver_argv(
