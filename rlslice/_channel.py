@@ -31,12 +31,8 @@ SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
-class _TokenInterceptor(
-    grpc.aio.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
-    grpc.aio.StreamStreamClientInterceptor,  # type: ignore[type-arg]
-):
-    """Adds `authorization: Bearer <token>` to every call."""
+class _WithToken:
+    """Adds `authorization: Bearer <token>` to a call's metadata."""
 
     def __init__(self, token: str) -> None:
         self._metadata = (AUTHORIZATION, f"Bearer {token}")
@@ -52,14 +48,33 @@ class _TokenInterceptor(
             details.wait_for_ready,
         )
 
+
+# One class per kind of call: grpc.aio files an interceptor under the first kind it is an
+# instance of, so a single class deriving from all of them only ever sees unary calls.
+class _UnaryUnaryToken(_WithToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _UnaryStreamToken(_WithToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _StreamUnaryToken(_WithToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
+    async def intercept_stream_unary(self, continuation: Any, details: Any, iterator: Any) -> Any:
+        return await continuation(self._with_token(details), iterator)
+
+
+class _StreamStreamToken(_WithToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
     async def intercept_stream_stream(self, continuation: Any, details: Any, iterator: Any) -> Any:
         return await continuation(self._with_token(details), iterator)
+
+
+def token_interceptors(token: str) -> list[Any]:
+    """Interceptors that send `token` as a bearer token on every kind of call."""
+    kinds = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
+    return [kind(token) for kind in kinds]
 
 
 def open_channel(
@@ -70,7 +85,7 @@ def open_channel(
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
     """An asyncio channel to `address` (`host:port` or `unix:/path`)."""
-    interceptors: list[Any] | None = [_TokenInterceptor(token)] if token else None
+    interceptors: list[Any] | None = token_interceptors(token) if token else None
     all_options = [*CHANNEL_OPTIONS, *options]
     if tls is not None:
         if tls.server_name:
