@@ -109,7 +109,11 @@ async def scheduler(**settings: Any) -> AsyncIterator[Any]:
 def agent_dirs() -> Iterator[Callable[[str], dict[str, Any]]]:
     """Settings fields that give an agent of node `n` its own state, socket and devices."""
     short = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
-    shm = Path(tempfile.mkdtemp(prefix="rlslice-sec-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    shm = Path(
+        tempfile.mkdtemp(
+            prefix="rlslice-sec-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
+    )
 
     def fields(node: str) -> dict[str, Any]:
         return {
@@ -146,7 +150,9 @@ class Worker:
         assert self.process.stdout is not None
         self.process.stdin.write(json.dumps(command).encode() + b"\n")
         await self.process.stdin.drain()
-        answer: dict[str, Any] = json.loads(await asyncio.wait_for(self.process.stdout.readline(), 20))
+        answer: dict[str, Any] = json.loads(
+            await asyncio.wait_for(self.process.stdout.readline(), 20)
+        )
         return answer
 
     @property

@@ -70,6 +70,7 @@ def _expected(needed: str, token: str | None) -> Any:
 
 async def _call(stub: Any, method: str, request: Any) -> grpc.StatusCode:
     if method == "Watch":
+
         async def first() -> None:
             async for _ in stub.Watch(request, timeout=2):
                 return
