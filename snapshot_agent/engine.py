@@ -37,6 +37,7 @@ from rlslice.snapshot_agent.backends.base import (
     DeviceMemoryError,
     DeviceUsage,
     JobHandle,
+    OptionsError,
     ProbeResult,
     WorkloadLink,
 )
@@ -433,7 +434,7 @@ class AgentEngine:
             if move is Move.SNAPSHOT:
                 await self._guard(handle, backend)
             entry.record = state.begin(record, move, epoch, name)
-            entry.released = False  # the scheduler uses the job again
+            released, entry.released = entry.released, False  # the scheduler uses the job again
             self.table.save()
             self._refresh_jobs()
             started = time.perf_counter()
@@ -450,6 +451,12 @@ class AgentEngine:
             except Exception as error:
                 seconds = time.perf_counter() - started
                 reason = str(error) or type(error).__name__
+                if isinstance(error, OptionsError):
+                    # Refused before anything was done: the job is exactly as it was.
+                    entry.record, entry.released = record, released
+                    self.table.save()
+                    self._refresh_jobs()
+                    raise InvalidArgumentError(f"options: {reason}") from error
                 entry.record = state.fail(entry.record, move, epoch, reason, seconds)
                 self.table.save()
                 self._refresh_jobs()

@@ -124,6 +124,11 @@ class BackendError(Exception):
     """A move failed; the message is one line and says why. The agent rolls back."""
 
 
+class OptionsError(BackendError):
+    """A backend option of the request is malformed. Raised before anything is done, so
+    the agent answers INVALID_ARGUMENT and the job's state is as before."""
+
+
 class DeviceMemoryError(BackendError):
     """A restore found too little free device memory; the job stays parked. The agent
     answers RESOURCE_EXHAUSTED, so the scheduler can evict another job and retry."""

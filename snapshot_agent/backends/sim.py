@@ -37,6 +37,7 @@ from rlslice.snapshot_agent.backends.base import (
     DeviceUsage,
     JobHandle,
     MoveOutcome,
+    OptionsError,
     ProbeResult,
 )
 
@@ -52,9 +53,9 @@ def _float(options: Mapping[str, str], key: str, default: float) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise BackendError(f"{key}: {text!r} is not a number") from None
+        raise OptionsError(f"{key}: {text!r} is not a number") from None
     if not value >= 0 or value == float("inf"):
-        raise BackendError(f"{key}: must be a finite number >= 0, got {text}")
+        raise OptionsError(f"{key}: must be a finite number >= 0, got {text}")
     return value
 
 
