@@ -24,7 +24,7 @@ from rlslice.v1alpha1 import agent_pb2_grpc
 from .conftest import BROKEN, LiveAgent, serving
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -63,6 +63,22 @@ requests = st.one_of(
 )  # fmt: skip
 
 
+def test_a_malformed_backend_option_is_invalid_argument_and_leaves_the_job_as_it_was(
+    live_agent: LiveAgent,
+) -> None:
+    # Runs before the fuzzing below, which may park the job or raise its epoch.
+    stub = agent_pb2_grpc.AgentStub(live_agent.channel)
+    before = live_agent.records()
+    for key, value in [("rate_gbps", "abc"), ("overhead_seconds", "nan"), ("rate_gbps", "-1")]:
+        request = apb.SnapshotRequest(job="a", group="g", epoch=2**40, options={key: value})
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Snapshot(request, timeout=10)
+        error: Any = caught.value
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (error.details() or "").startswith(f"options: {key}:")
+        assert live_agent.records() == before  # not FAULTED: nothing was done
+
+
 def test_fuzzed_agent_requests_get_proper_codes_and_refusals_change_nothing(
     live_agent: LiveAgent,
 ) -> None:
@@ -85,18 +101,3 @@ def test_fuzzed_agent_requests_get_proper_codes_and_refusals_change_nothing(
     check()
     assert serving(live.channel)
     assert "a" in live.records()  # the job is still known (never released while it lives)
-
-
-def test_a_malformed_backend_option_is_invalid_argument_and_leaves_the_job_as_it_was(
-    live_agent: LiveAgent,
-) -> None:
-    stub = agent_pb2_grpc.AgentStub(live_agent.channel)
-    before = live_agent.records()
-    for key, value in [("rate_gbps", "abc"), ("overhead_seconds", "nan"), ("rate_gbps", "-1")]:
-        request = apb.SnapshotRequest(job="a", group="g", epoch=2**40, options={key: value})
-        with pytest.raises(grpc.RpcError) as caught:
-            stub.Snapshot(request, timeout=10)
-        error: Any = caught.value
-        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert (error.details() or "").startswith(f"options: {key}:")
-        assert live_agent.records() == before  # not FAULTED: nothing was done

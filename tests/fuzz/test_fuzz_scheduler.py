@@ -22,7 +22,7 @@ from rlslice.v1alpha1 import scheduler_pb2 as pb
 from .conftest import BROKEN, LiveScheduler, serving
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=400,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -143,7 +143,7 @@ def test_fuzzed_scheduler_requests_get_proper_codes_and_refusals_change_nothing(
 
     check()
     assert serving(live.channel)
-    assert live.states()["g"].holder == "a"  # the live lease survived everything
+    assert "a" in live.states()["g"].jobs  # the live lease survived everything
 
 
 def test_a_request_over_the_size_limit_is_resource_exhausted(
