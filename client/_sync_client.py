@@ -8,6 +8,7 @@ several threads at once: they all land on the one loop, which serialises the cli
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
@@ -73,7 +74,14 @@ class Client:
             if self._thread is None:
                 self._thread = LoopThread(name=f"rlslice-client-{self._async.job or 'disabled'}")
             thread = self._thread
-        return thread.run(lambda: make(self._async))
+        try:
+            return thread.run(lambda: make(self._async))
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
+            # close() from another thread stops the loop under a blocked call: the caller
+            # sees the same error as a call made after close, not a bare cancellation.
+            if self._async._closed:
+                raise FailedPreconditionError("client: closed") from None
+            raise
 
     @property
     def job(self) -> str:
