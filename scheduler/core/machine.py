@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from rlslice._errors import (
@@ -44,6 +45,28 @@ def new_group(spec: GroupSpec) -> GroupState:
     return GroupState(spec=spec)
 
 
+_STATE_FIELDS = GroupState.__slots__
+# `_evolve` skips `__init__`: it would also have to call this if GroupState ever had one.
+assert not hasattr(GroupState, "__post_init__")
+_STATE_FIELD_SET = frozenset(_STATE_FIELDS)
+_state_values = attrgetter(*_STATE_FIELDS)
+_new = object.__new__
+_setattr = object.__setattr__
+
+
+def _evolve(state: GroupState, changes: dict[str, Any]) -> GroupState:
+    """`dataclasses.replace(state, **changes)`, about three times faster: every transition
+    makes a few of these. GroupState has no `__post_init__` and every field is an init
+    field, so filling the slots directly builds the same value `replace` would."""
+    unknown = changes.keys() - _STATE_FIELD_SET
+    if unknown:
+        raise TypeError(f"GroupState has no field {sorted(unknown)[0]!r}")
+    new = _new(GroupState)
+    for name, value in zip(_STATE_FIELDS, _state_values(state), strict=True):
+        _setattr(new, name, changes.get(name, value))
+    return new
+
+
 class _Tx:
     """Accumulates one transition: the evolving state and the actions, in order."""
 
@@ -56,7 +79,7 @@ class _Tx:
         self.deleted = False
 
     def set(self, **changes: Any) -> None:
-        self.s = replace(self.s, **changes)
+        self.s = _evolve(self.s, changes)
 
     def emit(self, action: a.Action) -> None:
         self.actions.append(action)
