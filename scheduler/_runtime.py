@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
 
-from rlslice.scheduler.core import GroupState
+from rlslice.config import GroupSpec
+from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
 
 #: Seconds over which `busy_fraction` is measured.
 BUSY_WINDOW_SECONDS = 60.0
@@ -27,6 +31,155 @@ class EventEntry:
     seconds: float
     bytes: int
     state: GroupState
+
+
+# Field order of the packed forms below: the slots order, which is each class's init order.
+_JOB = attrgetter(*JobRecord.__slots__)
+_WAITER = attrgetter(*Waiter.__slots__)
+_SWITCH = attrgetter(*Switch.__slots__)
+
+#: One packed ring entry: the event's own fields, the spec's version in the ring, then the
+#: state's fields other than the spec, with jobs, queue, switch and preempted packed too.
+Packed = tuple[Any, ...]
+
+
+class EventRing:
+    """A group's last `size` events, each with the group's state after it.
+
+    Kept packed, as tuples of strings, numbers and such tuples only (no dict or set: the
+    collector keeps any tuple holding one): the garbage collector untracks such tuples, so a full collection no longer walks every state in every ring (with 1,000 groups
+    that was over 100 ms of stopped loop; see docs/benchmarks.md, `scale`). A spec is an
+    object, so entries name it by a version number and the ring keeps the specs its entries
+    use. Sub-values that did not change since the last entry (the jobs, the queue) are
+    shared, as they are between states. Iterating unpacks: `EventEntry`s with states equal
+    to the recorded ones.
+    """
+
+    __slots__ = (
+        "_entries",
+        "_jobs",
+        "_jobs_packed",
+        "_queue",
+        "_queue_packed",
+        "_records",
+        "_spec",
+        "_specs",
+        "_version",
+    )
+
+    def __init__(self, size: int) -> None:
+        self._entries: deque[Packed] = deque(maxlen=size)
+        self._specs: dict[int, GroupSpec] = {}
+        self._spec: GroupSpec | None = None
+        self._version = 0
+        self._jobs: Mapping[str, JobRecord] | None = None
+        self._jobs_packed: tuple[tuple[Any, ...], ...] = ()
+        self._records: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
+        self._queue: tuple[Waiter, ...] = ()
+        self._queue_packed: tuple[tuple[Any, ...], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[EventEntry]:
+        specs = self._specs
+        for packed in list(self._entries):
+            yield _unpack(packed, specs)
+
+    def append(self, entry: EventEntry) -> None:
+        """Keep `entry` (the oldest one goes once the ring is full)."""
+        e = entry
+        self.add(e.seq, e.time, e.kind, e.job, e.detail, e.seconds, e.bytes, e.state)
+
+    def add(
+        self,
+        seq: int,
+        time: float,
+        kind: str,
+        job: str,
+        detail: str,
+        seconds: float,
+        nbytes: int,
+        state: GroupState,
+    ) -> None:
+        """`append` without building the `EventEntry` first (the engine's hot path)."""
+        if state.spec is not self._spec:
+            self._version += 1
+            self._spec = state.spec
+            self._specs[self._version] = state.spec
+        if state.jobs is not self._jobs:
+            self._jobs = state.jobs
+            self._jobs_packed = self._pack_jobs(state.jobs)
+        if state.queue is not self._queue:
+            self._queue = state.queue
+            self._queue_packed = tuple(map(_WAITER, state.queue))
+        switch = state.switch
+        preempted = state.preempted
+        entries = self._entries
+        entries.append(
+            (
+                seq,
+                time,
+                state.spec.name,
+                kind,
+                job,
+                detail,
+                seconds,
+                nbytes,
+                self._version,
+                self._jobs_packed,
+                state.holder,
+                state.holder_since,
+                self._queue_packed,
+                state.resident,
+                state.parked,
+                tuple(state.faulted.items()) if state.faulted else (),
+                state.epoch,
+                None if switch is None else _SWITCH(switch),
+                state.yield_requested_at,
+                tuple(sorted(preempted)) if preempted else (),
+                state.switches,
+                state.last_switch_seconds,
+                state.last_switch_at,
+            )
+        )
+        oldest = entries[0][8]
+        if len(self._specs) > 1 and oldest > min(self._specs):
+            for version in [v for v in self._specs if v < oldest]:
+                del self._specs[version]
+
+    def _pack_jobs(self, jobs: Mapping[str, JobRecord]) -> tuple[tuple[Any, ...], ...]:
+        """Pack the records, reusing the packed form of each record that did not change
+        (a keep-alive or a hold's end replaces one record of the group)."""
+        old = self._records
+        new: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
+        for name, record in jobs.items():
+            hit = old.get(name)
+            new[name] = hit if hit is not None and hit[0] is record else (record, _JOB(record))
+        self._records = new
+        return tuple(packed for _, packed in new.values())
+
+
+def _unpack(p: Packed, specs: Mapping[int, GroupSpec]) -> EventEntry:
+    switch = p[17]
+    state = GroupState(
+        spec=specs[p[8]],
+        jobs={j[0]: JobRecord(*j) for j in p[9]},
+        holder=p[10],
+        holder_since=p[11],
+        queue=tuple(Waiter(*w) for w in p[12]),
+        resident=p[13],
+        parked=p[14],
+        faulted=dict(p[15]),
+        epoch=p[16],
+        switch=None if switch is None else Switch(*switch),
+        yield_requested_at=p[18],
+        preempted=frozenset(p[19]),
+        switches=p[20],
+        last_switch_seconds=p[21],
+        last_switch_at=p[22],
+    )
+    return EventEntry(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], state)
 
 
 class BusyWindow:
@@ -56,7 +209,7 @@ class GroupRuntime:
     """One group: its current state and the asyncio bits that serve it."""
 
     state: GroupState
-    ring: deque[EventEntry]
+    ring: EventRing
     calls: dict[int, asyncio.Future[object]] = field(default_factory=dict)
     """Open acquires by ticket."""
     timer: asyncio.TimerHandle | None = None

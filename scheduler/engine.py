@@ -18,7 +18,6 @@ import itertools
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from rlslice._errors import (
     UnavailableError,
 )
 from rlslice.config import GroupSpec
-from rlslice.scheduler._runtime import EventEntry, GroupRuntime
+from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
 from rlslice.scheduler.capacity import register_refusal
 from rlslice.scheduler.core import GroupState, actions, deadline, events, new_group, step
 from rlslice.scheduler.core.actions import Kind
@@ -115,9 +114,9 @@ class Engine:
         """Load the store, resume interrupted switches, create the configured groups."""
         loaded = await self.store.load()
         for name, state in loaded.groups.items():
-            runtime = GroupRuntime(state, deque(maxlen=self._ring_size))
+            runtime = GroupRuntime(state, EventRing(self._ring_size))
             self.groups[name] = runtime
-            self.metrics.queue_depth.labels(name).set(len(state.queue))
+            self.metrics.set_queue_depth(name, len(state.queue))
             self.metrics.set_holder(name, state.holder)
             for record in state.jobs.values():
                 self._leases[record.lease_id] = (name, record.name)
@@ -298,10 +297,10 @@ class Engine:
         if runtime is not None:
             self._apply(runtime, events.PutGroup(spec))
             return runtime.state
-        runtime = GroupRuntime(new_group(spec), deque(maxlen=self._ring_size))
+        runtime = GroupRuntime(new_group(spec), EventRing(self._ring_size))
         self.groups[spec.name] = runtime
         self.metrics.groups.set(len(self.groups))
-        self.metrics.queue_depth.labels(spec.name).set(0)
+        self.metrics.set_queue_depth(spec.name, 0)
         self.store.save_group(runtime.state)
         self._record(runtime, actions.Record(Kind.GROUP_PUT))
         return runtime.state
@@ -364,7 +363,7 @@ class Engine:
         if after.holder != before.holder:
             self.metrics.set_holder(after.name, after.holder)
         if after.queue is not before.queue:
-            self.metrics.queue_depth.labels(after.name).set(len(after.queue))
+            self.metrics.set_queue_depth(after.name, len(after.queue))
         self._schedule(runtime, now)
         for followup in followups:
             if self.groups.get(after.name) is runtime:
@@ -394,42 +393,48 @@ class Engine:
                 # No agents: nothing to move, the switch is a pure lock handoff.
                 followups.append(events.SwitchDone(action.switch.epoch))
             else:
-                self._spawn(self._run_switch(runtime, action.switch))
+                runtime.switch_task = self._spawn(self._run_switch(runtime, action.switch))
         elif isinstance(action, actions.ReleaseState):
             if self.runner.nodes_for(runtime.state.spec):
-                self._spawn(self.runner.release(runtime.state.spec, action.job, action.force))
+                release = self.runner.release(runtime.state.spec, action.job, action.force)
+                self._spawn(self._after_switch(runtime, release))
         elif isinstance(action, actions.HoldEnded):
             runtime.busy.add(now - action.seconds, now)
-            self.metrics.held_seconds.labels(name).inc(action.seconds)
+            self.metrics.add_held(name, action.seconds)
         elif isinstance(action, actions.Preempt):
-            self.metrics.preemptions.labels(name).inc()
+            self.metrics.count_preemption(name)
         elif isinstance(action, actions.Record):
             self._record(runtime, action)
 
     def _record(self, runtime: GroupRuntime, record: actions.Record) -> None:
         state = runtime.state
-        if record.kind is Kind.SWITCH_DONE:
+        kind = record.kind
+        if kind is Kind.SWITCH_DONE:
             self.metrics.switch_seconds.observe(record.seconds)
             self.metrics.moved_bytes.inc(record.bytes)
-            self.metrics.switches.labels(state.name, "done").inc()
-        elif record.kind is Kind.SWITCH_FAILED:
-            self.metrics.switches.labels(state.name, "failed").inc()
-        elif record.kind is Kind.FAULTED:
-            self.metrics.switches.labels(state.name, "faulted").inc()
-        entry = EventEntry(
-            next(self._seq),
-            self.clock(),
-            state.name,
-            record.kind.value,
-            record.job,
-            record.detail,
-            record.seconds,
-            record.bytes,
-            state,
+            self.metrics.count_switch(state.name, "done")
+        elif kind is Kind.SWITCH_FAILED:
+            self.metrics.count_switch(state.name, "failed")
+        elif kind is Kind.FAULTED:
+            self.metrics.count_switch(state.name, "faulted")
+        seq, now = next(self._seq), self.clock()
+        runtime.ring.add(
+            seq, now, kind.value, record.job, record.detail, record.seconds, record.bytes, state
         )
-        runtime.ring.append(entry)
-        for queue in _chain(runtime.watchers, self._global_watchers):
-            _offer(queue, entry)
+        if runtime.watchers or self._global_watchers:
+            entry = EventEntry(
+                seq,
+                now,
+                state.name,
+                kind.value,
+                record.job,
+                record.detail,
+                record.seconds,
+                record.bytes,
+                state,
+            )
+            for queue in _chain(runtime.watchers, self._global_watchers):
+                _offer(queue, entry)
 
     def _drop_group(self, runtime: GroupRuntime, done: tuple[actions.Action, ...]) -> None:
         name = runtime.state.name
@@ -479,10 +484,22 @@ class Engine:
         if self.groups.get(runtime.state.name) is runtime and not self._closed:
             self._apply(runtime, result)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    async def _after_switch(
+        self, runtime: GroupRuntime, release: Coroutine[Any, Any, None]
+    ) -> None:
+        """Release a job's state once the group's switch in flight has ended: a switch
+        planned before the job left could still snapshot it, parking state that nobody
+        would ever free (and freezing its processes for good)."""
+        switch = runtime.switch_task
+        if switch is not None and not switch.done():
+            await asyncio.wait({switch})
+        await release
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _busy_fractions(self) -> Iterator[tuple[str, float]]:
         now = self.clock()

@@ -2,6 +2,11 @@
 
 No job ids as labels, except on `rlslice_scheduler_holder`, which has one series per
 group (the current holder) and so stays bounded.
+
+The engine updates these on every event, so the hot path avoids prometheus_client's
+`labels()` (label validation and a locked lookup, ~30 µs): each group's series are looked up
+once and kept in `_GroupSeries` until the group is deleted, and the holder series, which
+changes at every grant and yield, is built at scrape time from a plain dict.
 """
 
 from __future__ import annotations
@@ -35,6 +40,40 @@ class _BusyCollector(Collector):
         for group, fraction in self._source():
             family.add_metric([group], fraction)
         yield family
+
+
+class _HolderCollector(Collector):
+    """`rlslice_scheduler_holder`: 1 for each group's current holder, read at scrape time.
+
+    A labelled Gauge would remove one child and create another at every change of holder
+    (~60 µs); the engine only writes a dict entry instead."""
+
+    def __init__(self, holders: dict[str, str]) -> None:
+        self._holders = holders
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "rlslice_scheduler_holder",
+            "1 for the job holding each group",
+            labels=["group", "job"],
+        )
+        # A copy: the scrape runs on the HTTP server's thread while the loop writes.
+        for group, job in list(self._holders.items()):
+            family.add_metric([group, job], 1.0)
+        yield family
+
+
+class _GroupSeries:
+    """One group's labelled series, each looked up the first time it is written (so a
+    series appears when it did before: a group's first preemption creates its counter)."""
+
+    __slots__ = ("held", "outcomes", "preemptions", "queue_depth")
+
+    def __init__(self) -> None:
+        self.queue_depth: Gauge | None = None
+        self.held: Counter | None = None
+        self.preemptions: Counter | None = None
+        self.outcomes: dict[str, Counter] = {}
 
 
 class SchedulerMetrics:
@@ -73,15 +112,11 @@ class SchedulerMetrics:
         self.preemptions = Counter(
             "rlslice_scheduler_preemptions", "Holders preempted", ["group"], registry=r
         )
-        self.holder = Gauge(
-            "rlslice_scheduler_holder",
-            "1 for the job holding each group",
-            ["group", "job"],
-            registry=r,
-        )
         self.groups = Gauge("rlslice_scheduler_groups", "Groups known", registry=r)
         self.agents = Gauge("rlslice_scheduler_agents", "Agents registered", registry=r)
         self._holders: dict[str, str] = {}
+        r.register(_HolderCollector(self._holders))
+        self._series: dict[str, _GroupSeries] = {}
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -89,24 +124,64 @@ class SchedulerMetrics:
         """Report busy fractions from `source` (group, fraction) at every scrape."""
         self.registry.register(_BusyCollector(source))
 
+    def _group(self, group: str) -> _GroupSeries:
+        series = self._series.get(group)
+        if series is None:
+            series = self._series[group] = _GroupSeries()
+        return series
+
     def set_holder(self, group: str, job: str | None) -> None:
-        """Keep one holder series per group."""
-        old = self._holders.get(group)
-        if old == job:
-            return
-        if old is not None:
-            self.holder.remove(group, old)
-            del self._holders[group]
-        if job is not None:
-            self.holder.labels(group, job).set(1)
+        """Keep one holder series per group (none while the group is free)."""
+        if job is None:
+            self._holders.pop(group, None)
+        else:
             self._holders[group] = job
 
+    def holders(self) -> dict[str, str]:
+        """Group -> current holder, as the holder series reports it."""
+        return dict(self._holders)
+
+    def set_queue_depth(self, group: str, depth: int) -> None:
+        """Waiters of `group`."""
+        series = self._group(group)
+        if series.queue_depth is None:
+            series.queue_depth = self.queue_depth.labels(group)
+        series.queue_depth.set(depth)
+
+    def add_held(self, group: str, seconds: float) -> None:
+        """A hold of `group` ended after `seconds`."""
+        series = self._group(group)
+        if series.held is None:
+            series.held = self.held_seconds.labels(group)
+        series.held.inc(seconds)
+
+    def count_preemption(self, group: str) -> None:
+        """A holder of `group` was preempted."""
+        series = self._group(group)
+        if series.preemptions is None:
+            series.preemptions = self.preemptions.labels(group)
+        series.preemptions.inc()
+
+    def count_switch(self, group: str, outcome: str) -> None:
+        """A switch of `group` ended: "done", "failed" or "faulted"."""
+        outcomes = self._group(group).outcomes
+        child = outcomes.get(outcome)
+        if child is None:
+            child = outcomes[outcome] = self.switches.labels(group, outcome)
+        child.inc()
+
     def forget_group(self, group: str) -> None:
-        """Drop a deleted group's series."""
+        """Drop a deleted group's series (and the cached handles on them)."""
         self.set_holder(group, None)
-        for gauge in (self.queue_depth, self.held_seconds, self.preemptions):
+        series = self._series.pop(group, None)
+        for metric in (self.queue_depth, self.held_seconds, self.preemptions):
             try:
-                gauge.remove(group)
+                metric.remove(group)
+            except KeyError:
+                pass
+        for outcome in series.outcomes if series is not None else ():
+            try:
+                self.switches.remove(group, outcome)
             except KeyError:
                 pass
 
