@@ -311,6 +311,29 @@ async def _drain(run: _Run) -> None:
             break
         await asyncio.sleep(0.5)
     run.problems.extend(f"not drained: {item}" for item in found)
+    await _save_scheduler_events(run)
+
+
+async def _save_scheduler_events(run: _Run) -> None:
+    """Each group's recent scheduler events, beside the event log (for diagnosis)."""
+    from google.protobuf.json_format import MessageToDict
+
+    from rlslice._channel import open_channel
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+    from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+    with contextlib.suppress(Exception):
+        async with open_channel(run.cluster.address) as channel:
+            stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
+            groups = (await stub.ListGroups(pb.ListGroupsRequest(), timeout=10)).groups
+            out = {}
+            for status in groups:
+                answer = await stub.GetEvents(pb.GetEventsRequest(group=status.spec.name))
+                out[status.spec.name] = [
+                    {k: v for k, v in MessageToDict(e).items() if k != "status"}
+                    for e in answer.events
+                ]
+            (run.work / "scheduler-events.json").write_text(json.dumps(out, indent=1))
 
 
 # -- the command --------------------------------------------------------------------------

@@ -498,6 +498,17 @@ def _remove(tx: _Tx, job: str, kind: Kind, reason: str, *, force: bool) -> None:
     if s.switch is not None and s.switch.incoming == job and s.switch.ticket is not None:
         tx.emit(a.Fail(job, s.switch.ticket, UnavailableError, failure))
         tx.set(switch=replace(s.switch, ticket=None))
+    switch = tx.s.switch
+    if switch is not None and (job in switch.evict or job in switch.candidates):
+        # Later attempts (a retry, a resume after a restart) must not move a job that left;
+        # the attempt under way ends first (the engine releases the job's state after it).
+        tx.set(
+            switch=replace(
+                switch,
+                evict=tuple(j for j in switch.evict if j != job),
+                candidates=tuple(j for j in switch.candidates if j != job),
+            )
+        )
     s = tx.s
     tx.set(
         jobs={name: r for name, r in s.jobs.items() if name != job},
