@@ -9,6 +9,7 @@ stopping.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import grpc
@@ -28,6 +29,27 @@ from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+_heap_frozen = False
+
+
+def _freeze_startup_heap() -> None:
+    """Move what exists after start-up out of the collector's generations (once a process).
+
+    Modules, classes and functions of grpc, protobuf, pydantic and prometheus_client are
+    ~45k tracked objects that live as long as the process; every full collection walked them
+    all, and a full collection stops the event loop (the tail of the acquire latency, see
+    docs/benchmarks.md, `scale`). Garbage cycles are collected first, so nothing frozen is
+    garbage yet; frozen objects are still freed by reference counting when dropped (as the
+    states loaded from the store are). What a frozen cycle costs: the collector never frees
+    it, so this scheduler's own start-up objects (server, engine) stay after it stops, which
+    matters only in a process that starts several schedulers (tests), and only once.
+    """
+    global _heap_frozen
+    if _heap_frozen:
+        return
+    _heap_frozen = True
+    gc.collect()
+    gc.freeze()
 
 
 class RunningScheduler:
@@ -135,6 +157,7 @@ async def start_scheduler(
             coordinator.add_agent(agent)
         metrics.agents.set(len(coordinator.agents))
         engine.recover()
+        _freeze_startup_heap()
         metrics_port = None
         if settings.metrics_port is not None:
             metrics_port = metrics.serve(settings.metrics_address, settings.metrics_port)
