@@ -106,6 +106,9 @@ class Engine:
         self._global_watchers: set[asyncio.Queue[EventEntry | None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.ready = False
+        """True once the store is loaded and interrupted switches resumed (`recover`): the
+        service answers UNAVAILABLE (clients retry) until then, never from an empty state."""
         metrics.watch_busy(self._busy_fractions)
 
     # -- life cycle -------------------------------------------------------------------
@@ -129,6 +132,7 @@ class Engine:
         """After the coordinator knows its agents: detach old waiters, resume switches."""
         for runtime in list(self.groups.values()):
             self._apply(runtime, events.Recover())
+        self.ready = True
 
     async def close(self) -> None:
         """Fail open calls, cancel timers and switch tasks, flush the store."""

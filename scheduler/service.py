@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 
 from rlslice._auth import Role
-from rlslice._errors import RlsliceError
+from rlslice._errors import RlsliceError, UnavailableError
 from rlslice._grpc_errors import abort_with
 from rlslice._ids import validate_id
 from rlslice.scheduler import _proto, _validate
@@ -59,6 +59,7 @@ def _refusals(
     @functools.wraps(method)
     async def wrapper(self: SchedulerService, request: Any, context: Context) -> R:
         try:
+            self._check_ready()
             return await method(self, request, context)
         except RlsliceError as error:
             await abort_with(context, error)
@@ -75,6 +76,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.coordinator = coordinator
 
     # -- helpers ----------------------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        # The port opens before the store is loaded (health answers NOT_SERVING meanwhile):
+        # a call answered from the empty state would lose leases, or create groups twice.
+        if not self.engine.ready:
+            raise UnavailableError("scheduler: starting (state not loaded yet); retry")
 
     def status(self, state: GroupState, runtime: GroupRuntime | None = None) -> pb.GroupStatus:
         now = time.time()
@@ -194,6 +201,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self, request: pb.WatchRequest, context: Context
     ) -> AsyncIterator[pb.GroupEvent]:
         try:
+            self._check_ready()
             if request.group:
                 validate_id(request.group, "group")
             queue = self.engine.watch(request.group)

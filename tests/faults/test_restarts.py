@@ -22,6 +22,8 @@ import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from rlslice.client import AsyncClient
 from rlslice.v1alpha1 import agent_pb2 as apb
 
@@ -140,3 +142,33 @@ async def _queue_is(f: Faults, jobs: list[str]) -> bool:
 async def _parked_on_agent(f: Faults, job: str) -> bool:
     entry = await f.agent_job("n1", job)
     return entry is not None and entry.state == apb.AGENT_JOB_STATE_PARKED
+
+
+async def test_a_starting_scheduler_answers_unavailable_until_its_state_is_loaded() -> None:
+    """The port opens before the store is loaded (health says NOT_SERVING meanwhile); a call
+    in that window was answered from an empty state (a lease "unknown", a group created
+    twice) and, in the soak, ended with two jobs believing they held one group."""
+    import grpc
+
+    from rlslice._channel import open_channel
+    from rlslice.client.testing import scheduler_for_tests
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+    from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+    async with scheduler_for_tests(groups=["g"]) as sched:
+        engine = sched.running.engine
+        engine.ready = False  # as between binding the port and loading the store
+        before = {n: r.state for n, r in engine.groups.items()}
+        async with open_channel(sched.address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            for call in (
+                stub.Register(pb.RegisterRequest(job="a", group="g")),
+                stub.GetGroup(pb.GetGroupRequest(group="g")),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await call
+                assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "starting" in (caught.value.details() or "")
+            assert {n: r.state for n, r in engine.groups.items()} == before
+            engine.ready = True
+            assert (await stub.Register(pb.RegisterRequest(job="a", group="g"))).lease_id
