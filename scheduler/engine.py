@@ -106,6 +106,8 @@ class Engine:
         self._global_watchers: set[asyncio.Queue[EventEntry | None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._acknowledged: dict[str, tuple[str, int]] = {}
+        """Per group, the (holder, epoch) whose client was answered ALREADY_EXISTS."""
         self.ready = False
         """True once the store is loaded and interrupted switches resumed (`recover`): the
         service answers UNAVAILABLE (clients retry) until then, never from an empty state."""
@@ -255,6 +257,10 @@ class Engine:
             self._apply(runtime, events.Acquire(job, ticket, phase))
         except BaseException:
             runtime.calls.pop(ticket, None)
+            if runtime.state.holder == job:
+                # ALREADY_EXISTS to the holder: its client, re-issuing an acquire whose
+                # answer it lost, now knows it holds; a late "lost grant" must not undo that.
+                self._acknowledged[group] = (job, runtime.state.epoch)
             raise
         if not future.done():
             try:
@@ -283,6 +289,8 @@ class Engine:
     def lost_grant(self, group: str, job: str, epoch: int) -> None:
         """A grant was decided but its caller went away before reading it: yield for it."""
         runtime = self.groups.get(group)
+        if self._acknowledged.get(group) == (job, epoch):
+            return  # the job called again and was told it holds: it does
         if runtime and runtime.state.holder == job and runtime.state.epoch == epoch:
             log.info("job %s left before reading its grant of %s: yielding for it", job, group)
             self._apply(runtime, events.Yield(job))

@@ -99,3 +99,29 @@ async def test_many_waiters_timing_out_together_leave_nothing_behind() -> None:
         await _queue_empties(sched)
         assert (await holder.yield_()).waiters == 0
         assert (await sched.group("g")).holder == ""
+
+
+async def test_a_grant_whose_answer_was_lost_but_then_confirmed_is_not_given_back() -> None:
+    """A client that lost an Acquire's answer re-issues it, is told ALREADY_EXISTS and reads
+    that it holds; the server, seeing the first call cancelled afterwards, must not yield
+    for it (the soak found both happening: two jobs believed they held the group)."""
+    import grpc
+
+    from rlslice._channel import open_channel
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+    from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+    async with scheduler_for_tests(groups=["g"]) as sched:
+        engine = sched.running.engine
+        async with open_channel(sched.address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            lease = await stub.Register(pb.RegisterRequest(job="a", group="g"))
+            request = pb.AcquireRequest(
+                job="a", group="g", lease_id=lease.lease_id, secret=lease.secret
+            )
+            grant = await stub.Acquire(request)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Acquire(request)  # the re-issued call
+            assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            engine.lost_grant("g", "a", grant.epoch)  # the first call's late "cancelled"
+            assert (await sched.group("g")).holder == "a"
