@@ -29,7 +29,6 @@ from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
-_heap_frozen = False
 
 
 def _freeze_startup_heap() -> None:
@@ -44,10 +43,9 @@ def _freeze_startup_heap() -> None:
     it, so this scheduler's own start-up objects (server, engine) stay after it stops, which
     matters only in a process that starts several schedulers (tests), and only once.
     """
-    global _heap_frozen
-    if _heap_frozen:
+    # Once a process, unless something unfroze the heap since (a bench driver does).
+    if gc.get_freeze_count() > 0:
         return
-    _heap_frozen = True
     gc.collect()
     gc.freeze()
 

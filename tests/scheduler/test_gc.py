@@ -2,7 +2,7 @@
 
 Cases: once a scheduler has started, the objects made before (modules, classes, the loaded
 store) are frozen, so a full collection walks only what was made since; starting a second
-scheduler in the same process does not freeze again.
+scheduler in the same process does not freeze again (unless something unfroze the heap).
 """
 
 from __future__ import annotations
@@ -17,4 +17,5 @@ async def test_start_up_freezes_the_heap_once(start_live: Callable[..., Any]) ->
         frozen = gc.get_freeze_count()
         assert frozen > 10_000  # grpc, protobuf and pydantic alone are tens of thousands
         async with start_live():
-            assert gc.get_freeze_count() == frozen
+            # No second freeze: the count only shrinks as frozen objects are freed.
+            assert gc.get_freeze_count() <= frozen
