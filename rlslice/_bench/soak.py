@@ -211,6 +211,10 @@ async def _inject_faults(run: _Run, until: float) -> None:
     done = 0
     while done < run.config.max_faults:
         pause = run.rng.expovariate(1.0 / run.config.fault_interval)
+        if done < len(kinds):
+            # The first of each kind comes early, so that even a short run on a loaded
+            # machine kills a job, an agent and the scheduler.
+            pause = min(pause, run.config.fault_interval)
         if time.monotonic() + pause >= until:
             await asyncio.sleep(max(0.0, until - time.monotonic()))
             return
