@@ -162,11 +162,20 @@ class AsyncClient:
                 lease = await self._leases.get(group_id, deadline)
                 grant = await self._acquire(lease, phase, deadline, started)
             except RpcFailed as failed:
+                if self._closed:  # close() cut the call: say so, whatever the channel said
+                    raise FailedPreconditionError("client: closed") from None
                 if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise DeadlineExceededError(
                         f"timeout: group {group_id!r} not granted within {timeout:g} s"
                     ) from None
                 raise failed.error from None
+            except asyncio.CancelledError:
+                # Closing the channel cancels calls under it; only a cancellation of this
+                # task itself is the caller's own and propagates as one.
+                task = asyncio.current_task()
+                if self._closed and task is not None and not task.cancelling():
+                    raise FailedPreconditionError("client: closed") from None
+                raise
             traced.set(
                 epoch=grant.epoch,
                 waited_seconds=grant.waited_seconds,
