@@ -24,12 +24,18 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
-from rlslice.snapshot_agent.backends.base import BackendError, BackendState, JobHandle, MoveOutcome
+from rlslice.snapshot_agent.backends.base import (
+    BackendError,
+    BackendState,
+    DeviceUsage,
+    JobHandle,
+    MoveOutcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -384,6 +390,40 @@ class CheckpointMover:
         if nbytes is None:  # nothing recorded (state dir lost): measure what came back
             nbytes = known_total(await self._process_bytes(parked)) or 0
         return MoveOutcome(bytes=nbytes, seconds=time.monotonic() - start)
+
+
+class MoverBackend:
+    """What `cuda` and `cuda-checkpoint` share: every move goes through a `CheckpointMover`,
+    device memory comes from NVML. Subclasses build the mover (`_get_mover`) and probe."""
+
+    _nvml: Nvml
+
+    def _get_mover(self) -> CheckpointMover:
+        raise NotImplementedError
+
+    async def device_bytes(self, job: JobHandle) -> int:
+        return await self._get_mover().device_bytes(job)
+
+    async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        return await self._get_mover().snapshot(job, deadline=deadline)
+
+    async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        return await self._get_mover().restore(job, deadline=deadline)
+
+    async def state(self, job: JobHandle) -> BackendState:
+        return await self._get_mover().state(job)
+
+    async def release(self, job: JobHandle) -> int:
+        # The parked copy lives in the job's own process (the driver keeps it there) and is
+        # freed with it; nothing of it sits in the agent.
+        self._get_mover().forget(job)
+        return 0
+
+    async def devices(self) -> Sequence[DeviceUsage]:
+        try:
+            return await self._nvml.adevices()
+        except NvmlUnavailable:
+            return []
 
 
 def _reason(error: BaseException) -> str:

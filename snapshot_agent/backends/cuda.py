@@ -22,12 +22,13 @@ import concurrent.futures
 import importlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar, TypeVar
 
 from rlslice.snapshot_agent.backends._checkpoint import (
     CheckpointMover,
+    MoverBackend,
     NotCudaProcess,
     ProcState,
     StepError,
@@ -36,10 +37,6 @@ from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable
 from rlslice.snapshot_agent.backends.base import (
     BackendContext,
     BackendError,
-    BackendState,
-    DeviceUsage,
-    JobHandle,
-    MoveOutcome,
     ProbeResult,
 )
 
@@ -198,7 +195,7 @@ class Driver:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class CudaBackend:
+class CudaBackend(MoverBackend):
     """Moves jobs with the CUDA driver checkpoint API (see the module docstring)."""
 
     name: ClassVar[str] = "cuda"
@@ -276,27 +273,3 @@ class CudaBackend:
         if int(release.split(".")[0]) < MIN_DRIVER_MAJOR:
             return ProbeResult(False, f"driver {release} is older than r{MIN_DRIVER_MAJOR}")
         return ProbeResult(True, f"driver {release}, CUDA {version // 1000}.{version % 1000 // 10}")
-
-    async def device_bytes(self, job: JobHandle) -> int:
-        return await self._get_mover().device_bytes(job)
-
-    async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        return await self._get_mover().snapshot(job, deadline=deadline)
-
-    async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        return await self._get_mover().restore(job, deadline=deadline)
-
-    async def state(self, job: JobHandle) -> BackendState:
-        return await self._get_mover().state(job)
-
-    async def release(self, job: JobHandle) -> int:
-        # The parked copy lives in the job's own process (the driver keeps it there) and is
-        # freed with it; nothing of it sits in the agent.
-        self._get_mover().forget(job)
-        return 0
-
-    async def devices(self) -> Sequence[DeviceUsage]:
-        try:
-            return await self._nvml.adevices()
-        except NvmlUnavailable:
-            return []

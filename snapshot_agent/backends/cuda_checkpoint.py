@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from rlslice.snapshot_agent.backends._checkpoint import (
     CheckpointMover,
+    MoverBackend,
     NotCudaProcess,
     ProcState,
     StepError,
@@ -31,10 +32,6 @@ from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable
 from rlslice.snapshot_agent.backends.base import (
     BackendContext,
     BackendError,
-    BackendState,
-    DeviceUsage,
-    JobHandle,
-    MoveOutcome,
     ProbeResult,
 )
 
@@ -108,7 +105,7 @@ class Cli:
         await self.run("unlock", pid, ["--action", "unlock", "--pid", str(pid)], deadline)
 
 
-class CudaCheckpointBackend:
+class CudaCheckpointBackend(MoverBackend):
     """Moves jobs by exec'ing NVIDIA's `cuda-checkpoint` (see the module docstring)."""
 
     name: ClassVar[str] = "cuda-checkpoint"
@@ -159,25 +156,3 @@ class CudaCheckpointBackend:
             return ProbeResult(False, f"driver {release} is older than r{MIN_DRIVER_MAJOR}")
         tool = version.group(1) if version else "unknown version"
         return ProbeResult(True, f"{binary} ({tool}), driver {release}")
-
-    async def device_bytes(self, job: JobHandle) -> int:
-        return await self._get_mover().device_bytes(job)
-
-    async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        return await self._get_mover().snapshot(job, deadline=deadline)
-
-    async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        return await self._get_mover().restore(job, deadline=deadline)
-
-    async def state(self, job: JobHandle) -> BackendState:
-        return await self._get_mover().state(job)
-
-    async def release(self, job: JobHandle) -> int:
-        self._get_mover().forget(job)
-        return 0
-
-    async def devices(self) -> Sequence[DeviceUsage]:
-        try:
-            return await self._nvml.adevices()
-        except NvmlUnavailable:
-            return []
