@@ -25,7 +25,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from rlslice._worker_pipe import WorkerPipe
 
 MiB = 1 << 20
 
@@ -110,41 +112,6 @@ class ModeRun:
     @property
     def moved_bytes(self) -> int:
         return sum(j.moved_bytes for j in self.jobs)
-
-
-class _WorkerPipe:
-    """JSON lines to and from a worker process."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
-        )
-        assert self.process.stdin
-        assert self.process.stdout
-        self._in: IO[str] = self.process.stdin
-        self._out: IO[str] = self.process.stdout
-
-    def call(self, **command: Any) -> dict[str, Any]:
-        self._in.write(json.dumps(command) + "\n")
-        self._in.flush()
-        line = self._out.readline()
-        if not line:
-            raise RuntimeError(f"worker exited with {self.process.wait()}")
-        answer: dict[str, Any] = json.loads(line)
-        if not answer.get("ok"):
-            raise RuntimeError(answer.get("error", "worker failed"))
-        return answer
-
-    def close(self) -> None:
-        try:
-            self.call(op="quit")
-        except (RuntimeError, OSError, ValueError):
-            pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
 
 
 def _free_port() -> int:
@@ -284,7 +251,7 @@ def _run_job(
             "RLSLICE_JOB": run.job,
         }
     )
-    worker = _WorkerPipe(
+    worker = WorkerPipe(
         [
             sys.executable,
             "-m",

@@ -24,7 +24,9 @@ import signal
 import subprocess
 import sys
 import time
-from typing import IO, Any
+from typing import Any
+
+from rlslice._worker_pipe import WorkerPipe
 
 PAGE = 4096
 
@@ -89,7 +91,7 @@ def worker(job: str, group: str, node_dir: str, device_index: int) -> int:
     return 0
 
 
-class _Worker:
+class _Worker(WorkerPipe):
     """The driver's pipe to its worker (blocking calls run in a thread)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -97,27 +99,10 @@ class _Worker:
         env["RLSLICE_AGENT_SOCKET"] = args.socket
         argv = [sys.executable, "-m", "rlslice._bench._soak_job", "worker", args.job, args.group]
         argv += [args.node_dir, str(args.device)]
-        self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
-        )
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
-        self._in: IO[str] = self.process.stdin
-        self._out: IO[str] = self.process.stdout
+        super().__init__(argv, env)
 
-    def call_sync(self, **command: Any) -> dict[str, Any]:
-        self._in.write(json.dumps(command) + "\n")
-        self._in.flush()
-        line = self._out.readline()
-        if not line:
-            raise RuntimeError(f"worker exited with {self.process.wait()}")
-        answer: dict[str, Any] = json.loads(line)
-        if not answer.get("ok"):
-            raise RuntimeError(answer.get("error", "worker failed"))
-        return answer
-
-    async def call(self, **command: Any) -> dict[str, Any]:
-        return await asyncio.to_thread(self.call_sync, **command)
+    async def acall(self, **command: Any) -> dict[str, Any]:
+        return await asyncio.to_thread(self.call, **command)
 
 
 # -- driver -------------------------------------------------------------------------------
@@ -205,13 +190,13 @@ async def _cycles(
             switch_seconds=grant.switch_seconds,
         )
         if not expected:
-            answer = await worker_proc.call(op="init", size=args.state_bytes, seed=args.seed)
+            answer = await worker_proc.acall(op="init", size=args.state_bytes, seed=args.seed)
             log("init", hash=answer["hash"])
         else:
-            answer = await worker_proc.call(op="hash")
+            answer = await worker_proc.acall(op="hash")
             log("checked", ok=answer["hash"] == expected, want=expected, got=answer["hash"])
         step += 1
-        answer = await worker_proc.call(op="step", k=step)
+        answer = await worker_proc.acall(op="step", k=step)
         expected = str(answer["hash"])
         await asyncio.sleep(rng.uniform(args.min_phase, args.max_phase))  # GPU phase
         log("yield", n=step)
