@@ -21,7 +21,7 @@ import pytest
 
 from rlslice.planner.interleave import JobProfile, Phase, simulate_interleaving
 
-SECONDS = 12.0
+SECONDS = 20.0  # long enough that the start (both jobs asking at once) weighs little
 
 
 @pytest.fixture(scope="module")
