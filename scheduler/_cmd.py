@@ -106,6 +106,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=_env("RLSLICE_AUTO_CREATE_GROUPS", "") in {"1", "true", "yes"},
         help="create unknown groups on Register (RLSLICE_AUTO_CREATE_GROUPS)",
     )
+    add(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=_env("RLSLICE_ALLOW_UNAUTHENTICATED", "") in {"1", "true", "yes"},
+        help="serve beyond loopback with a role open (no token, no mutual TLS): trusted "
+        "networks only (RLSLICE_ALLOW_UNAUTHENTICATED)",
+    )
     add("--shutdown-grace", type=float, default=5.0, help="seconds calls get to finish on SIGTERM")
     election = parser.add_argument_group("leader election (Kubernetes, several replicas)")
     election.add_argument(
@@ -188,6 +195,7 @@ def settings_from(args: argparse.Namespace) -> Any:
         tls=tls,
         agent_tls=agent_tls,
         auto_create_groups=args.auto_create_groups,
+        allow_unauthenticated=args.allow_unauthenticated,
         groups=groups,
         shutdown_grace_seconds=args.shutdown_grace,
     )
@@ -255,7 +263,14 @@ def elected_scheduler(settings: Any, election: Election) -> Any:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
+    from rlslice._errors import InvalidArgumentError
+    from rlslice.scheduler.settings import check_exposure
+
     settings = settings_from(args)
+    try:
+        check_exposure(settings)  # before campaigning: a standby binds the port too
+    except InvalidArgumentError as error:
+        raise SystemExit(f"rlslice scheduler: {error}") from None
     election = election_from(args)
     asyncio.run(serve(settings, election))
     return 0

@@ -224,6 +224,9 @@ class ElectedScheduler:
 
     async def start(self) -> None:
         """Bind the port as a standby and start campaigning."""
+        from rlslice.scheduler.settings import check_exposure
+
+        check_exposure(self.settings)  # a standby's port is as reachable as a leader's
         await self._stand_by()
         self._task = asyncio.get_running_loop().create_task(self._campaign(), name="election")
 

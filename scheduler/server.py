@@ -23,7 +23,7 @@ from rlslice.scheduler.coordinator import Coordinator
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.service import METHOD_ROLES, SchedulerService
-from rlslice.scheduler.settings import SchedulerSettings
+from rlslice.scheduler.settings import SchedulerSettings, check_exposure
 from rlslice.scheduler.store import Store, open_store
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -104,6 +104,7 @@ async def start_scheduler(
     `store` overrides `settings.store` with any `Store` implementation (the Kubernetes
     store, or one `MemoryStore` shared by two schedulers in a test of restarts).
     """
+    check_exposure(settings)
     metrics = SchedulerMetrics()
     coordinator = Coordinator(
         token=settings.agent_token,

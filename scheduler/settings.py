@@ -10,6 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlslice._errors import InvalidArgumentError
+from rlslice._net import host_of, is_loopback
 from rlslice.config import GroupSpec, TLSConfig
 
 
@@ -56,7 +58,40 @@ class SchedulerSettings(BaseModel):
     """Events buffered per Watch stream; a watcher that falls further behind is dropped."""
     shutdown_grace_seconds: Annotated[float, Field(ge=0, le=600)] = 5.0
     """On SIGTERM, seconds calls in flight get to finish."""
+    allow_unauthenticated: bool = False
+    """Serve on an address other hosts can reach with some role open (no token for it, and
+    no mutual TLS). Off, such a start fails: anyone on the network could then yield another
+    job's group or register a fake agent. Turn on only for a network you trust."""
     host_reserve_bytes: Annotated[int, Field(ge=0)] = 1 << 30
     """Host memory kept free on every node when checking, at Register, that the group's
     parked state fits (a job declaring `device_bytes` that would not fit is refused with
     RESOURCE_EXHAUSTED). Mirrors the agents' own `host_reserve_bytes`."""
+
+
+def check_exposure(settings: SchedulerSettings) -> None:
+    """Refuse to serve beyond this host while any caller could act unauthenticated.
+
+    Every role needs its bearer token, unless mutual TLS already authenticates callers
+    (a TLS config with `client_ca`). Loopback addresses are exempt: only this host reaches them.
+    """
+    if is_loopback(host_of(settings.address)) or settings.allow_unauthenticated:
+        return
+    if settings.tls is not None and settings.tls.client_ca:
+        return
+    open_roles = [
+        role
+        for role, token in (
+            ("job", settings.job_token),
+            ("admin", settings.admin_token),
+            ("agent", settings.agent_token),
+        )
+        if not token
+    ]
+    if open_roles:
+        raise InvalidArgumentError(
+            f"address: {settings.address} is reachable beyond this host and the "
+            f"{'/'.join(open_roles)} role{'s are' if len(open_roles) > 1 else ' is'} open; "
+            "set a token for every role (--job-token-file, --admin-token-file, "
+            "--agent-token-file), mutual TLS (--tls-client-ca), or --allow-unauthenticated "
+            "on a trusted network"
+        )

@@ -16,13 +16,14 @@ from grpc_health.v1._async import HealthServicer
 from rlslice._auth import Role, TokenAuthInterceptor
 from rlslice._channel import SERVER_OPTIONS, add_port
 from rlslice._errors import InvalidArgumentError
+from rlslice._net import host_of, is_loopback
 from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.local_service import LocalAgentServicer
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.peercred import PeerCredRelay
 from rlslice.snapshot_agent.scheduler_link import SchedulerLink
 from rlslice.snapshot_agent.service import METHOD_ROLES, AgentServicer
-from rlslice.snapshot_agent.settings import AgentSettings, host_of, is_loopback
+from rlslice.snapshot_agent.settings import AgentSettings
 from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2
 
 log = logging.getLogger(__name__)

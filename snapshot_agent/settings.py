@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import socket
@@ -144,19 +143,3 @@ class AgentSettings(BaseModel):
         if backend == "sim":
             options.update(self.sim.to_options())
         return options
-
-
-def host_of(address: str) -> str:
-    """The host part of `host:port` (brackets of an IPv6 literal removed)."""
-    host = address.rpartition(":")[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses; False for 0.0.0.0, :: and other names."""
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

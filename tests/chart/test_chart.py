@@ -537,3 +537,21 @@ def test_the_agent_runs_in_kubernetes_mode_on_its_nodes_name(
     assert env["RLSLICE_AGENT_PROC_ROOT"] == "/host/proc"
     # The node name comes from NODE_NAME through the label mapping, never verbatim.
     assert "RLSLICE_AGENT_NODE" not in env
+
+
+def test_the_scheduler_is_told_it_may_serve_open_only_when_tokens_are_turned_off(
+    helm: Path, default_objects: list[dict[str, Any]]
+) -> None:
+    # With tokens on, every role is authenticated and the scheduler needs no opt-in; with
+    # tokens off (TLS on, which only encrypts), the chart says the open port is meant, or the
+    # scheduler would refuse to start (rlslice.scheduler.settings.check_exposure).
+    assert "RLSLICE_ALLOW_UNAUTHENTICATED" not in env_of(
+        find(default_objects, "Deployment", "scheduler")
+    )
+    objects = render(
+        helm,
+        sets=["tokens.enabled=false", "tls.enabled=true", "tls.secretName=rlslice-tls"],
+    )
+    env = env_of(find(objects, "Deployment", "scheduler"))
+    assert env["RLSLICE_ALLOW_UNAUTHENTICATED"] == "true"
+    assert "RLSLICE_JOB_TOKEN" not in env
