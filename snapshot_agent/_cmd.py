@@ -78,6 +78,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(RLSLICE_AGENT_SERVER_TLS_CLIENT_CA)",
     )
     add("scheduler-ca", help="PEM CA that verifies the scheduler (TLS to the scheduler)")
+    add(
+        "scheduler-cert",
+        help="PEM client certificate shown to the scheduler (mutual TLS, with --scheduler-key)",
+    )
+    add("scheduler-key", help="PEM key of --scheduler-cert")
     add("metrics-port", help="port of the Prometheus endpoint (default: none)")
     parser.add_argument(
         "--label", action="append", default=[], help="node label key=value, for the scheduler"
@@ -149,8 +154,12 @@ def settings_from(args: argparse.Namespace) -> Any:
         fields["tls"] = TLSConfig(
             cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca or None
         )
-    if args.scheduler_ca:
-        fields["scheduler_tls"] = TLSConfig(ca=args.scheduler_ca)
+    if bool(args.scheduler_cert) != bool(args.scheduler_key):
+        raise SystemExit("rlslice agent: --scheduler-cert and --scheduler-key go together")
+    if args.scheduler_ca or args.scheduler_cert:
+        fields["scheduler_tls"] = TLSConfig(
+            ca=args.scheduler_ca or None, cert=args.scheduler_cert, key=args.scheduler_key
+        )
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")

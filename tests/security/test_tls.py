@@ -126,3 +126,38 @@ def test_a_server_tls_config_without_cert_or_key_is_refused(pki: Pki, field: str
     del fields[field]
     with pytest.raises(ValueError, match="cert and key"):
         TLSConfig(**fields).server_credentials()
+
+
+async def test_the_agent_command_line_carries_a_client_certificate_to_the_scheduler(
+    pki: Pki, agent_dirs: Callable[[str], dict[str, Any]]
+) -> None:
+    from rlslice._cli import build_parser
+    from rlslice.snapshot_agent._cmd import settings_from
+
+    def agent_args(*extra: str) -> Any:
+        return build_parser().parse_args(["agent", "--node", "n1", *extra])
+
+    async with scheduler(
+        tls=_server_tls(pki), auto_create_groups=True, agent_token="agent-t", job_token="j"
+    ) as sched:
+        flags = agent_args(
+            "--scheduler",
+            sched.address,
+            "--scheduler-ca",
+            str(pki.ca),
+            "--scheduler-cert",
+            str(pki.client_cert),
+            "--scheduler-key",
+            str(pki.client_key),
+        )
+        from_cli = settings_from(flags).scheduler_tls
+        assert from_cli == TLSConfig(ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+        async with agent(
+            agent_dirs("n1"), token="agent-t", scheduler=sched.address, scheduler_tls=from_cli
+        ) as node:
+            assert node.scheduler_link is not None
+            assert await node.scheduler_link.wait_registered(10)
+            assert set(sched.coordinator.agents) == {"n1"}
+
+    with pytest.raises(SystemExit, match="go together"):
+        settings_from(agent_args("--scheduler-cert", str(pki.client_cert)))
