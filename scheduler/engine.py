@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlslice._errors import (
+    AbortedError,
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
@@ -31,8 +32,17 @@ from rlslice._errors import (
 )
 from rlslice.config import GroupSpec
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
+from rlslice.scheduler._waits import WaitIndex
 from rlslice.scheduler.capacity import register_refusal
-from rlslice.scheduler.core import GroupState, actions, deadline, events, new_group, step
+from rlslice.scheduler.core import (
+    Deadlock,
+    GroupState,
+    actions,
+    deadline,
+    events,
+    new_group,
+    step,
+)
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.state import JobRecord, Switch
 from rlslice.scheduler.metrics import SchedulerMetrics
@@ -101,6 +111,8 @@ class Engine:
         self._watch_queue_size = watch_queue_size
         self.groups: dict[str, GroupRuntime] = {}
         self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (group, job)
+        self.waits = WaitIndex()
+        """Who holds and who waits across groups, for the deadlock check."""
         self._tickets = itertools.count(1)
         self._seq = itertools.count(1)
         self._global_watchers: set[asyncio.Queue[EventEntry | None]] = set()
@@ -121,6 +133,7 @@ class Engine:
         for name, state in loaded.groups.items():
             runtime = GroupRuntime(state, EventRing(self._ring_size))
             self.groups[name] = runtime
+            self.waits.update(None, state)
             self.metrics.set_queue_depth(name, len(state.queue))
             self.metrics.set_holder(name, state.holder)
             for record in state.jobs.values():
@@ -255,6 +268,9 @@ class Engine:
         runtime.calls[ticket] = future
         try:
             self._apply(runtime, events.Acquire(job, ticket, phase))
+            if not future.done() and self.waits.waits(job, group):
+                # The job queued (or came back to its place): its wait must not close a cycle.
+                self._break_cycle(runtime, job, ticket)
         except BaseException:
             runtime.calls.pop(ticket, None)
             if runtime.state.holder == job:
@@ -285,6 +301,30 @@ class Engine:
             return
         runtime.calls.pop(ticket, None)
         self._apply(runtime, events.Cancel(job, ticket))
+
+    def _break_cycle(self, runtime: GroupRuntime, job: str, ticket: int) -> bool:
+        """Fail acquire `ticket` of `job` (ABORTED) if its wait closes a wait-for cycle
+        across groups. The waiter leaves the queue as a cancelled one does; the holders
+        keep their groups. True when it failed."""
+        cycle: Deadlock | None = self.waits.cycle(job, runtime.state.name)
+        if cycle is None:
+            return False
+        message = cycle.message()
+        log.warning("%s", message)
+        future = runtime.calls.pop(ticket, None)
+        if future is not None and not future.done():
+            future.set_exception(AbortedError(message))
+        self._record(runtime, actions.Record(Kind.FAILED, job, message))
+        self._apply(runtime, events.Cancel(job, ticket))
+        return True
+
+    def _check_waiters(self, runtime: GroupRuntime) -> None:
+        """The group has a new holder: its waiters now wait on that job. Fail each wait
+        that closes a cycle (each failure breaks one; another waiter may close another)."""
+        group = runtime.state.name
+        for waiter in runtime.state.queue:
+            if self.waits.waits(waiter.job, group):
+                self._break_cycle(runtime, waiter.job, waiter.ticket)
 
     def lost_grant(self, group: str, job: str, epoch: int) -> None:
         """A grant was decided but its caller went away before reading it: yield for it."""
@@ -362,8 +402,10 @@ class Engine:
         if after is None:
             self._drop_group(runtime, transition.actions)
             return transition.actions
+        new_holder = False
         if after is not before:
             runtime.state = after
+            new_holder = self.waits.update(before, after)
             self.store.save_group(after)
             if len(after.jobs) < len(before.jobs):
                 for name, record in before.jobs.items():
@@ -380,6 +422,8 @@ class Engine:
         for followup in followups:
             if self.groups.get(after.name) is runtime:
                 self._apply(runtime, followup)
+        if new_holder and self.groups.get(after.name) is runtime:
+            self._check_waiters(runtime)
         return transition.actions
 
     def _execute(
@@ -460,6 +504,7 @@ class Engine:
         for queue in runtime.watchers:
             _offer(queue, None)
         del self.groups[name]
+        self.waits.update(runtime.state, None)
         self.store.delete_group(name)
         self.metrics.forget_group(name)
         self.metrics.groups.set(len(self.groups))

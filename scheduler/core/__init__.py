@@ -5,6 +5,7 @@ run hours of simulated time in milliseconds. The service and the coordinator tra
 """
 
 from rlslice.scheduler.core import actions, events
+from rlslice.scheduler.core.deadlock import Deadlock, WaitEdge, closing_cycle
 from rlslice.scheduler.core.machine import (
     MAX_SWITCH_ATTEMPTS,
     Transition,
@@ -20,15 +21,18 @@ from rlslice.scheduler.core.state import GroupState, JobRecord, Location, Switch
 __all__ = [
     "AGING_PER_SECOND",
     "MAX_SWITCH_ATTEMPTS",
+    "Deadlock",
     "GroupState",
     "JobRecord",
     "Location",
     "NodeMemory",
     "Switch",
     "Transition",
+    "WaitEdge",
     "Waiter",
     "actions",
     "choose_evictions",
+    "closing_cycle",
     "deadline",
     "events",
     "fits",
