@@ -30,7 +30,8 @@ log = logging.getLogger("rlslice.client")
 LEASE_UNKNOWN = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED})
 #: Shortest pause between keep-alives, whatever the ttl.
 MIN_KEEPALIVE_INTERVAL = 0.05
-#: Seconds a closing client waits for each Unregister.
+#: Seconds a closing client waits for each Unregister at least; it waits up to the lease's
+#: ttl when the scheduler is unreachable (see `Leases._unregister`).
 UNREGISTER_TIMEOUT = 5.0
 
 YieldRequestedCallback = Callable[[str, float], object]
@@ -240,7 +241,10 @@ class Leases:
                 "Unregister",
                 request,
                 pb.UnregisterResponse,
-                deadline=loop.time() + UNREGISTER_TIMEOUT,
+                # A restarting scheduler keeps every lease for a ttl after loading; an
+                # Unregister that gives up sooner lets the lease lapse, which releases
+                # without force and leaves a parked job's processes frozen (the soak saw it).
+                deadline=loop.time() + max(UNREGISTER_TIMEOUT, lease.ttl),
                 retry_seconds=math.inf,
             )
         except RpcFailed as failed:

@@ -172,3 +172,32 @@ async def test_a_starting_scheduler_answers_unavailable_until_its_state_is_loade
             assert {n: r.state for n, r in engine.groups.items()} == before
             engine.ready = True
             assert (await stub.Register(pb.RegisterRequest(job="a", group="g"))).lease_id
+
+
+async def test_a_job_that_ends_while_the_scheduler_restarts_is_resumed_not_left_frozen(
+    faults: Callable[..., Any],
+) -> None:
+    # The soak's open case: a driver closes its client while the scheduler is down. Its
+    # Unregister must outlast the restart (the restarted scheduler keeps the lease for a ttl),
+    # or the lease lapses, is released without force, and the parked worker stays frozen.
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        worker_a = await f.worker("n1", "a")
+        async with AsyncClient(job="b", group="g", scheduler=f.address, device_bytes=STATE) as b:
+            a = AsyncClient(
+                job="a", group="g", scheduler=f.address, device_bytes=STATE, lease_seconds=10
+            )
+            await _first_hold(f, a, worker_a, seed=1)
+            await b.acquire(timeout=30)
+            assert worker_a.state == "T"  # parked
+            f.cluster.scheduler.kill(signal.SIGKILL)
+            closing = asyncio.ensure_future(a.close())
+            await asyncio.sleep(6.5)  # longer than a closing client used to try
+            assert not closing.done()
+            await f.cluster.scheduler.restart()
+            await asyncio.wait_for(closing, 30)
+            await f.eventually(lambda: worker_a.state not in ("T", ""), timeout=15)
+            assert (await worker_a.call(op="quit"))["ok"]  # it runs, so it can exit
+            await worker_a.reap()
+            await f.eventually(lambda: f.cluster.sim_bytes()["parked"] == 0)
+            await b.yield_()
