@@ -1,0 +1,13 @@
+"""Where rlslice's two lines go in the frameworks people train with.
+
+- `rlslice.integrations.ray`: `@gpu_phase("rollout")` on a Ray actor's methods (or any
+  class's), holding the group for each call with a client built per process from the
+  `RLSLICE_*` environment.
+- `rlslice.integrations.trl`: `GpuPhaseCallback`, a `transformers.TrainerCallback`-compatible
+  callback (TRL's trainers are `transformers.Trainer`s) that holds the group for each
+  optimizer step.
+
+Neither imports its framework: they are plain Python that the frameworks call, so they
+cost nothing to import and work with any version that keeps the calling convention.
+See docs/integrations.md for the recipes (TRL, verl, OpenRLHF, slime, Ray, vLLM, SGLang).
+"""

@@ -1,0 +1,237 @@
+"""`GpuPhaseCallback`: a `transformers.Trainer` callback that holds the group per step.
+
+```python
+from trl import GRPOTrainer
+from rlslice.integrations.trl import GpuPhaseCallback
+
+with GpuPhaseCallback() as rlslice_callback:      # client from RLSLICE_* (or client=...)
+    trainer = GRPOTrainer(..., callbacks=[rlslice_callback])
+    trainer.train()
+```
+
+TRL's trainers are `transformers.Trainer`s, which call each callback's `on_<event>(args,
+state, control, **kwargs)`. This class has those methods (any event it does not handle is a
+no-op, including ones a later transformers adds) and imports no framework.
+
+`hold="step"` (the default) holds the group from `on_step_begin` to `on_step_end`: one
+optimizer step, all its gradient-accumulation micro-batches, and in TRL's GRPO the
+generation and reward scoring that `training_step` runs. When the trainer is about to log,
+evaluate or save on the device right after the step (the flags its flow callback sets), or
+the run is ending, the hold lasts until that is done, so the trainer never touches the GPU
+outside a hold for those. Between steps the job holds nothing: the Trainer still moves the
+next batch to the device there, which is fine with the `app` backend (tensors it does not
+offload stay where they are) but not with `cuda`/`cuda-checkpoint`, which freeze every CUDA
+call of a parked process until its next grant.
+
+`hold="train"` is for those backends: the group is held from `on_train_begin` to
+`on_train_end`, and at every step end it is *offered*: the job yields and queues again at
+once, so a waiting job takes its turn between steps and this job never runs GPU code
+without the group. With nobody waiting the offer costs two calls and moves nothing.
+
+The trainer calls no event when training fails: leave the `with` block (or call
+`release()`) to give the group back; `close()` also closes a client the callback built.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal
+
+from rlslice._errors import InvalidArgumentError
+from rlslice._ids import validate_id
+from rlslice.client import Client, Grant
+from rlslice.client._phase import validate_phase
+
+__all__ = ["GpuPhaseCallback"]
+
+log = logging.getLogger("rlslice.integrations.trl")
+
+Hold = Literal["step", "train"]
+
+
+class GpuPhaseCallback:
+    """Hold the job's group for each optimizer step of a `transformers.Trainer` (TRL too).
+
+    `client`: a `Client`, a factory returning one, or None (built at first use from the
+    `RLSLICE_*` environment, and closed at `on_train_end` / `close()`). `phase` names the
+    hold in the scheduler's timeline; `group` overrides the client's default group.
+    """
+
+    def __init__(
+        self,
+        client: Client | Callable[[], Client] | None = None,
+        *,
+        phase: str = "train",
+        group: str | None = None,
+        hold: Hold = "step",
+    ) -> None:
+        self.phase_name = validate_phase(phase)
+        self.group = None if group is None else validate_id(group, "group")
+        if hold not in ("step", "train"):
+            raise InvalidArgumentError(f"hold: {hold!r} is not 'step' or 'train'")
+        self.hold: Hold = hold
+        self._client: Client | None = client if isinstance(client, Client) else None
+        self._factory: Callable[[], Client] | None = None if isinstance(client, Client) else client
+        self._owned = False
+        self._finalizer: weakref.finalize[[Client], GpuPhaseCallback] | None = None
+        self._phase: Any = None
+        self._deferred = False
+        self.last_grant: Grant | None = None
+        """The grant of the latest acquire (None before the first)."""
+        self.grants = 0
+        """How many times the callback acquired the group."""
+
+    # -- what the callback holds --------------------------------------------------------
+
+    @property
+    def held(self) -> bool:
+        """Whether the callback holds the group now."""
+        return self._phase is not None
+
+    def client(self) -> Client:
+        """The client the callback uses (built on first call when none was given)."""
+        if self._client is None:
+            built = Client() if self._factory is None else self._factory()
+            if not isinstance(built, Client):
+                raise TypeError(f"client: factory returned {built!r}, expected a Client")
+            self._client, self._owned = built, True
+            # Close a client we built when the callback is dropped or the process exits.
+            self._finalizer = weakref.finalize(self, _close_quietly, built)
+        return self._client
+
+    def acquire(self) -> None:
+        """Take the group unless the callback holds it already (blocks until granted)."""
+        if self._phase is not None:
+            return
+        phase = self.client().phase(self.phase_name, self.group)
+        self.last_grant = phase.__enter__()
+        self._phase = phase
+        self.grants += 1
+
+    def release(self) -> None:
+        """Give the group back if the callback holds it."""
+        phase, self._phase = self._phase, None
+        self._deferred = False
+        if phase is not None:
+            phase.__exit__(None, None, None)
+
+    def close(self) -> None:
+        """Release the group, and close the client if the callback built it."""
+        self.release()
+        finalizer, self._finalizer = self._finalizer, None
+        if self._owned:
+            self._client, self._owned = None, False
+        if finalizer is not None:
+            finalizer()  # closes the client we built, once
+
+    def __enter__(self) -> GpuPhaseCallback:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- Trainer events -----------------------------------------------------------------
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """`hold="train"`: take the group for the whole run."""
+        if self.hold == "train":
+            self.acquire()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Take the group for the step (once per optimizer step, not per micro-batch)."""
+        self.acquire()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Give the group back, unless device work follows at once (see the module doc)."""
+        if self.hold == "train":
+            self._offer()
+        elif _device_work_follows(control, args):
+            self._deferred = True
+        else:
+            self.release()
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The trainer logs, evaluates or saves after an epoch too: hold for that."""
+        if self.hold == "step" and _device_work_follows(control, args):
+            self.acquire()
+            self._deferred = True
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Logging done: release a deferred hold if nothing else follows."""
+        self._settle(control, args, evaluated=False)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Evaluation done: release a deferred hold if no save follows."""
+        self._settle(control, args, evaluated=True)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Saving is the last thing after a step: release a deferred hold."""
+        if self._deferred and not control.should_training_stop:
+            self.release()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Give the group back; close the client if the callback built it."""
+        self.close()
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        # Every other event (on_init_end, on_substep_end, on_optimizer_step, ...) and any a
+        # later transformers adds: nothing to do.
+        if name.startswith("on_"):
+            return _ignore
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"<GpuPhaseCallback phase={self.phase_name!r} group={self.group!r} "
+            f"hold={self.hold!r} held={self.held}>"
+        )
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _offer(self) -> None:
+        # Yield, then queue again at once: a waiting job runs now, this one waits its turn.
+        self.release()
+        self.acquire()
+
+    def _settle(self, control: Any, args: Any, *, evaluated: bool) -> None:
+        if not self._deferred:
+            return
+        pending = control.should_evaluate or control.should_save or control.should_training_stop
+        if evaluated and _saves_best(args):
+            pending = True  # the trainer decides after this event whether to save
+        if not pending:
+            self.release()
+
+
+def _device_work_follows(control: Any, args: Any) -> bool:
+    """Whether the trainer touches the device right after this event: it logs (the loss is
+    a device tensor), evaluates, saves, or ends the run (the final loss read)."""
+    return bool(
+        control.should_log
+        or control.should_evaluate
+        or control.should_save
+        or control.should_training_stop
+    )
+
+
+def _saves_best(args: Any) -> bool:
+    return str(getattr(args, "save_strategy", "")).lower().endswith("best")
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _close_quietly(client: Client) -> None:
+    try:
+        client.close()
+    except Exception:
+        log.debug("closing the callback's client failed", exc_info=True)
