@@ -6,8 +6,10 @@ import asyncio
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import overload
 
 import grpc
 
@@ -18,7 +20,7 @@ from rlslice.client._agent import register_with_local_agent
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
 from rlslice.client._leases import LEASE_UNKNOWN, Lease, Leases, YieldRequestedCallback
-from rlslice.client._phase import AsyncPhase, validate_phase
+from rlslice.client._phase import AsyncGroupsPhase, AsyncPhase, canonical_groups, validate_phase
 from rlslice.client._results import Grant, YieldResult
 from rlslice.client._settings import ClientSettings, resolve_settings
 from rlslice.config import TLSConfig
@@ -261,10 +263,31 @@ class AsyncClient:
         """Alias of `yield_()`."""
         return await self.yield_(group)
 
-    def phase(self, name: str, group: str | None = None) -> AsyncPhase:
+    @overload
+    def phase(self, name: str, group: str | None = None) -> AsyncPhase: ...
+
+    @overload
+    def phase(
+        self, name: str, group: None = None, *, groups: Iterable[str]
+    ) -> AsyncGroupsPhase: ...
+
+    def phase(
+        self, name: str, group: str | None = None, *, groups: Iterable[str] | None = None
+    ) -> AsyncPhase | AsyncGroupsPhase:
         """Hold `group` for a block: `async with client.phase("train"):` or as a decorator
-        of an async function. Nested and concurrent phases of one client share one hold."""
-        return AsyncPhase(self, validate_phase(name), self._group(group))
+        of an async function. Nested and concurrent phases of one client share one hold.
+
+        `groups=[...]` (instead of `group`) holds several groups for the block: they are
+        acquired in sorted order whatever order is given, and yielded in reverse, so jobs
+        that need the same groups never deadlock. The `as` value is then a
+        `dict[str, Grant]` keyed by group. If a later group fails (timeout, ABORTED,
+        close, cancellation), the groups already entered are left before the error
+        propagates. Ids are checked here; duplicates and `group` with `groups` are refused.
+        """
+        validate_phase(name)
+        if groups is None:
+            return AsyncPhase(self, name, self._group(group))
+        return AsyncGroupsPhase(self, name, canonical_groups(groups, group))
 
     async def close(self) -> None:
         """Release every lock, leave every queue, stop the keep-alives, close the channel."""
@@ -321,6 +344,43 @@ class AsyncClient:
                 return
             if not self._closed:
                 await self.yield_(group)
+
+    async def _enter_phases(self, name: str, groups: tuple[str, ...]) -> dict[str, Grant]:
+        """Enter each group's phase in the given (canonical) order; on any failure leave
+        the ones entered, then let the failure propagate."""
+        self._check_open()
+        default = self._settings.group
+        if default is not None and default in groups:
+            # The process joins the local agent once, in one group: the default group is
+            # the one this pod or `rlslice run` placed it in; the first acquire would
+            # otherwise pick the first group in sorted order.
+            await self._start(default)
+        grants: dict[str, Grant] = {}
+        try:
+            for group in groups:
+                grants[group] = await self._enter_phase(name, group)
+        except BaseException:
+            # Shielded: a second cancellation must not leave a group held.
+            await asyncio.shield(self._leave(tuple(grants), quiet=True))
+            raise
+        return grants
+
+    async def _exit_phases(self, groups: tuple[str, ...]) -> None:
+        await self._leave(groups, quiet=False)
+
+    async def _leave(self, groups: tuple[str, ...], *, quiet: bool) -> None:
+        """Leave each group's phase, last entered first. A failure to leave one does not
+        keep the others held: the first is raised after all were tried (logged when
+        `quiet`, because another error is on its way)."""
+        first: Exception | None = None
+        for group in reversed(groups):
+            try:
+                await self._exit_phase(group)
+            except Exception as error:
+                log.warning("job %r: leaving group %r failed: %s", self.job, group, error)
+                first = first or error
+        if first is not None and not quiet:
+            raise first
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -3,17 +3,22 @@
 Phases of one client nest and overlap per group: the first to enter acquires, the last to
 leave yields, so a job's threads or tasks share the lock the job holds. The logic lives in
 `AsyncClient`; these objects only adapt it to `with`, `async with` and decorators.
+
+`client.phase(name, groups=[...])` holds several groups for one block. They are entered in
+one canonical order (sorted by id) whatever order the caller lists, so two jobs that need
+the same groups can never each hold one and wait for the other.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from rlslice._errors import InvalidArgumentError
+from rlslice._ids import validate_id
 from rlslice.client._results import Grant
 
 if TYPE_CHECKING:
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 MAX_PHASE_LENGTH = 63
 
@@ -38,7 +44,85 @@ def validate_phase(name: object) -> str:
     return name
 
 
-class AsyncPhase:
+def canonical_groups(groups: object, group: object = None) -> tuple[str, ...]:
+    """The groups of a multi-group phase, validated, in the order they are entered (sorted).
+
+    `group` is the single-group argument of the same call: both at once is refused.
+    """
+    if group is not None:
+        raise InvalidArgumentError("groups: give group= or groups=, not both")
+    if isinstance(groups, str | bytes) or not isinstance(groups, Iterable):
+        raise InvalidArgumentError("groups: must be a list of group ids (not a single string)")
+    listed = [validate_id(g, f"groups[{i}]") for i, g in enumerate(groups)]
+    if not listed:
+        raise InvalidArgumentError("groups: must name at least one group")
+    seen: set[str] = set()
+    for g in listed:
+        if g in seen:
+            raise InvalidArgumentError(f"groups: {g!r} is listed twice")
+        seen.add(g)
+    return tuple(sorted(listed))
+
+
+class _AsyncBlock(Generic[T]):
+    """An `async with` block that also decorates async functions; `T` is its `as` value."""
+
+    async def __aenter__(self) -> T:
+        raise NotImplementedError
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raise NotImplementedError
+
+    def __call__(
+        self, function: Callable[P, Coroutine[Any, Any, R]]
+    ) -> Callable[P, Coroutine[Any, Any, R]]:
+        if not inspect.iscoroutinefunction(function):
+            raise TypeError(
+                "AsyncClient.phase decorates async functions; use rlslice.Client for plain ones"
+            )
+
+        @functools.wraps(function)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with self:
+                return await function(*args, **kwargs)
+
+        return wrapper
+
+
+class _SyncBlock(Generic[T]):
+    """A `with` block that also decorates plain functions; `T` is its `as` value."""
+
+    def __enter__(self) -> T:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raise NotImplementedError
+
+    def __call__(self, function: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(function):
+            raise TypeError(
+                "Client.phase decorates plain functions; use AsyncClient for async ones"
+            )
+
+        @functools.wraps(function)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self:
+                return function(*args, **kwargs)
+
+        return wrapper
+
+
+class AsyncPhase(_AsyncBlock[Grant]):
     """`async with client.phase("train") as grant:` or `@client.phase("train")` on an async def."""
 
     def __init__(self, client: AsyncClient, name: str, group: str) -> None:
@@ -57,23 +141,8 @@ class AsyncPhase:
     ) -> None:
         await self._client._exit_phase(self.group)
 
-    def __call__(
-        self, function: Callable[P, Coroutine[Any, Any, R]]
-    ) -> Callable[P, Coroutine[Any, Any, R]]:
-        if not inspect.iscoroutinefunction(function):
-            raise TypeError(
-                "AsyncClient.phase decorates async functions; use rlslice.Client for plain ones"
-            )
 
-        @functools.wraps(function)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            async with self:
-                return await function(*args, **kwargs)
-
-        return wrapper
-
-
-class SyncPhase:
+class SyncPhase(_SyncBlock[Grant]):
     """`with client.phase("train") as grant:` or `@client.phase("train")` on a plain def."""
 
     def __init__(self, client: Client, name: str, group: str) -> None:
@@ -95,15 +164,50 @@ class SyncPhase:
     ) -> None:
         self._run(lambda c: c._exit_phase(self.group))
 
-    def __call__(self, function: Callable[P, R]) -> Callable[P, R]:
-        if inspect.iscoroutinefunction(function):
-            raise TypeError(
-                "Client.phase decorates plain functions; use AsyncClient for async ones"
-            )
 
-        @functools.wraps(function)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            with self:
-                return function(*args, **kwargs)
+class AsyncGroupsPhase(_AsyncBlock[dict[str, Grant]]):
+    """`async with client.phase("sync", groups=[...]) as grants:` or as a decorator.
 
-        return wrapper
+    The `as` value is a `dict[str, Grant]` keyed by group, in the order entered (sorted).
+    """
+
+    def __init__(self, client: AsyncClient, name: str, groups: tuple[str, ...]) -> None:
+        self._client = client
+        self.name = name
+        self.groups = groups
+        """The groups, in the order they are entered (sorted); left in reverse."""
+
+    async def __aenter__(self) -> dict[str, Grant]:
+        return await self._client._enter_phases(self.name, self.groups)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._client._exit_phases(self.groups)
+
+
+class SyncGroupsPhase(_SyncBlock[dict[str, Grant]]):
+    """`with client.phase("sync", groups=[...]) as grants:` or as a decorator.
+
+    The `as` value is a `dict[str, Grant]` keyed by group, in the order entered (sorted).
+    """
+
+    def __init__(self, client: Client, name: str, groups: tuple[str, ...]) -> None:
+        self._client = client
+        self.name = name
+        self.groups = groups
+        """The groups, in the order they are entered (sorted); left in reverse."""
+
+    def __enter__(self) -> dict[str, Grant]:
+        return self._client._run(lambda c: c._enter_phases(self.name, self.groups))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._client._run(lambda c: c._exit_phases(self.groups))

@@ -11,15 +11,15 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from rlslice._errors import FailedPreconditionError
 from rlslice.client._async_client import AsyncClient
 from rlslice.client._leases import YieldRequestedCallback
 from rlslice.client._loop_thread import LoopThread
-from rlslice.client._phase import SyncPhase, validate_phase
+from rlslice.client._phase import SyncGroupsPhase, SyncPhase, canonical_groups, validate_phase
 from rlslice.client._results import Grant, YieldResult
 from rlslice.config import TLSConfig
 
@@ -121,9 +121,24 @@ class Client:
         """Alias of `yield_()`."""
         return self.yield_(group)
 
-    def phase(self, name: str, group: str | None = None) -> SyncPhase:
-        """Hold `group` for a block: `with client.phase("train"):` or `@client.phase("train")`."""
-        return SyncPhase(self, validate_phase(name), self._async._group(group))
+    @overload
+    def phase(self, name: str, group: str | None = None) -> SyncPhase: ...
+
+    @overload
+    def phase(self, name: str, group: None = None, *, groups: Iterable[str]) -> SyncGroupsPhase: ...
+
+    def phase(
+        self, name: str, group: str | None = None, *, groups: Iterable[str] | None = None
+    ) -> SyncPhase | SyncGroupsPhase:
+        """Hold `group` for a block: `with client.phase("train"):` or `@client.phase("train")`.
+
+        `groups=[...]` holds several groups, acquired in sorted order and yielded in
+        reverse; the `as` value is a `dict[str, Grant]`. See `AsyncClient.phase`.
+        """
+        validate_phase(name)
+        if groups is None:
+            return SyncPhase(self, name, self._async._group(group))
+        return SyncGroupsPhase(self, name, canonical_groups(groups, group))
 
     def close(self) -> None:
         """Release every lock, leave every queue, stop the keep-alives and the loop thread."""
