@@ -205,7 +205,7 @@ def table(verdicts: list[Verdict], group_switches: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="sync", choices=["sync", "async"])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs=2, default=[1, 2])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--backend", default="app", choices=["app", "cuda"])

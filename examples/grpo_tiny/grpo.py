@@ -93,9 +93,7 @@ def check_staleness(
     return lag
 
 
-def group_advantages(
-    rewards: Sequence[float], group_size: int, eps: float = 1e-6
-) -> list[float]:
+def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-6) -> list[float]:
     """GRPO's advantages: each reward minus its group's mean, over the group's std + eps.
 
     `rewards` holds consecutive groups of `group_size` samples of the same prompt. A group

@@ -32,7 +32,9 @@ class _Block(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
         self.norm2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -44,7 +46,8 @@ class _Block(nn.Module):
         attention = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         mixed = (attention @ v).transpose(1, 2).reshape(batch, length, width)
         x = x + self.out(mixed)
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class TinyPolicy(nn.Module):
@@ -55,7 +58,9 @@ class TinyPolicy(nn.Module):
         self.config = config
         self.tokens = nn.Embedding(config.vocab_size, config.width)
         self.positions = nn.Embedding(config.max_length, config.width)
-        self.blocks = nn.ModuleList(_Block(config.width, config.heads) for _ in range(config.layers))
+        self.blocks = nn.ModuleList(
+            _Block(config.width, config.heads) for _ in range(config.layers)
+        )
         self.norm = nn.LayerNorm(config.width)
         self.head = nn.Linear(config.width, config.vocab_size)
 

@@ -39,7 +39,8 @@ class Problem:
     def from_prompt(cls, prompt_tokens: Sequence[int]) -> Problem:
         """The problem a prompt states (the verifier needs nothing but the record)."""
         digits = (len(prompt_tokens) - 2) // 2
-        if len(prompt_tokens) != prompt_length(digits) or prompt_tokens[digits] != PLUS:
+        shaped = digits >= 1 and len(prompt_tokens) == prompt_length(digits)
+        if not shaped or prompt_tokens[digits] != PLUS or prompt_tokens[-1] != EQUALS:
             raise ValueError(f"not an addition prompt: {render(prompt_tokens)!r}")
         a = int("".join(map(str, prompt_tokens[:digits])))
         b = int("".join(map(str, prompt_tokens[digits + 1 : -1])))

@@ -36,12 +36,13 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # The example's own modules sit beside this file (PYTHONSAFEPATH=1 leaves this folder off).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import grpo  # noqa: E402
-import task  # noqa: E402
-import torch  # noqa: E402
-from learner import Learner, Settings, TrainStats  # noqa: E402
+import grpo
+import task
+import torch
+from learner import Learner, Settings, TrainStats
 
-from rlslice.client import Client, Grant  # noqa: E402
+from rlslice.client import Client, Grant
+from rlslice.client.offload import OffloadThread
 
 
 def score(samples: list[grpo.Sample]) -> list[dict[str, Any]]:
@@ -105,7 +106,7 @@ def run_async(
                 records = verified(samples)  # CPU: another job may hold the GPU now
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", default="grpo-a")
     parser.add_argument("--group", default="gpus-a")
@@ -114,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="app", choices=["app", "cuda", "sim"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--mode", default="sync", choices=["sync", "async"])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--digits", type=int, default=1)
+    parser.add_argument("--digits", type=int, default=1, help="digits of each operand")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=16, help="samples per prompt")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -124,13 +125,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=1, help="async mode only")
     parser.add_argument("--out", type=Path, help="write per-step figures here (JSON)")
     parser.add_argument("--quiet", action="store_true", help="no per-step lines")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def start_offload(learner: Learner, job: str, group: str) -> OffloadThread:
+    """The `app` backend's half in the job: on the agent's command, this process moves its
+    own registered tensors to host memory and back.
+
+    The offload thread registers the process with the agent itself, so the agent socket is
+    taken out of the environment: the client must not register the process a second time.
+    """
+    from rlslice.client.offload import AGENT_SOCKET_ENV, TorchOffloader, start_offload_thread
+
+    offloader = TorchOffloader(device_type=learner.device.type)
+    offloader.register(learner.policy, "weights")  # parameters and gradients
+    offloader.register(learner.optimizer, "optimizer")  # Adam's moments, once they exist
+    if learner.sampler is not learner.policy:
+        offloader.register(learner.sampler, "sampler")  # async mode's copy of the weights
+    socket_path = os.environ.pop(AGENT_SOCKET_ENV, None)
+    offload = start_offload_thread(offloader, job=job, group=group, socket_path=socket_path)
+    time.sleep(1.0)  # registered and listening before the first switch
+    if offload.error is not None:
+        raise RuntimeError(f"the offload loop stopped: {offload.error}")
+    return offload
+
+
+class History:
+    """Per-step figures; losses and rewards as float hex, so runs compare bit for bit."""
+
+    def __init__(self, job: str, quiet: bool) -> None:
+        self.job = job
+        self.quiet = quiet
+        self.steps: list[dict[str, Any]] = []
+
+    def __call__(self, stats: TrainStats, grants: list[Grant]) -> None:
+        moved = sum(g.moved_bytes for g in grants)
+        self.steps.append(
+            {
+                "version": stats.version,
+                "loss": stats.loss.hex(),
+                "reward": stats.reward.hex(),
+                "exact": stats.exact,
+                "staleness": stats.staleness,
+                "clipped": stats.clipped,
+                "restored": sum(g.restored for g in grants),
+                "moved_bytes": moved,
+                "switch_seconds": sum(g.switch_seconds for g in grants),
+            }
+        )
+        if not self.quiet:
+            print(
+                f"{self.job} v{stats.version:<3d} reward {stats.reward:.3f}  "
+                f"exact {stats.exact:.3f}  loss {stats.loss:+.4f}  staleness {stats.staleness}"
+                + (f"  moved {moved / 1e6:.2f} MB" if moved else ""),
+                flush=True,
+            )
+
+    def trend(self, key: str) -> tuple[float, float]:
+        """Mean of `key` over the first and the last fifth of the steps."""
+        tail = max(1, len(self.steps) // 5)
+
+        def mean(rows: list[dict[str, Any]]) -> float:
+            values = [float.fromhex(r[key]) if isinstance(r[key], str) else r[key] for r in rows]
+            return sum(values) / len(values)
+
+        return mean(self.steps[:tail]), mean(self.steps[-tail:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     # Determinism: one intra-op thread and deterministic kernels, on CPU and CUDA.
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.backends.cuda.matmul.allow_tf32 = False
-    device = torch.device(args.device)
     settings = Settings(
         seed=args.seed,
         digits=args.digits,
@@ -140,27 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         entropy_coef=args.entropy_coef,
         separate_sampler=args.mode == "async",
     )
-    learner = Learner(settings, device, args.job)
-
-    offload = None
+    learner = Learner(settings, torch.device(args.device), args.job)
     scheduler = None if args.alone else args.scheduler
-    if scheduler and args.backend == "app":
-        # The `app` backend: on the agent's command this process moves its own registered
-        # tensors to host memory and back. The offload thread registers the process with
-        # the agent (the agent socket is taken out of the environment so that the client
-        # does not register it a second time).
-        from rlslice.client.offload import AGENT_SOCKET_ENV, TorchOffloader, start_offload_thread
-
-        offloader = TorchOffloader(device_type=device.type)
-        offloader.register(learner.policy, "weights")
-        offloader.register(learner.optimizer, "optimizer")
-        if learner.sampler is not learner.policy:
-            offloader.register(learner.sampler, "sampler")
-        socket_path = os.environ.pop(AGENT_SOCKET_ENV, None)
-        offload = start_offload_thread(
-            offloader, job=args.job, group=args.group, socket_path=socket_path
-        )
-        time.sleep(1.0)  # registered and listening before the first switch
+    offload = (
+        start_offload(learner, args.job, args.group)
+        if scheduler and args.backend == "app"
+        else None
+    )
     client = Client(
         job=args.job,
         group=args.group,
@@ -168,38 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         lease_seconds=60.0,
         device_bytes=learner.device_bytes,
     )
-
-    history: list[dict[str, Any]] = []
-
-    def on_step(stats: TrainStats, grants: list[Grant]) -> None:
-        history.append(
-            {
-                "version": stats.version,
-                "loss": stats.loss.hex(),
-                "reward": stats.reward.hex(),
-                "exact": stats.exact,
-                "staleness": stats.staleness,
-                "clipped": stats.clipped,
-                "restored": sum(g.restored for g in grants),
-                "moved_bytes": sum(g.moved_bytes for g in grants),
-                "switch_seconds": sum(g.switch_seconds for g in grants),
-            }
-        )
-        if not args.quiet:
-            moved_bytes = sum(g.moved_bytes for g in grants)
-            moved = f"  moved {moved_bytes / 1e6:.2f} MB" if moved_bytes else ""
-            print(
-                f"{args.job} v{stats.version:<3d} reward {stats.reward:.3f}  exact {stats.exact:.3f}"
-                f"  loss {stats.loss:+.4f}  staleness {stats.staleness}{moved}",
-                flush=True,
-            )
-
+    history = History(args.job, args.quiet)
     started = time.perf_counter()
     try:
         if args.mode == "sync":
-            run_sync(learner, client, args.steps, on_step)
+            run_sync(learner, client, args.steps, history)
         else:
-            run_async(learner, client, args.steps, args.max_staleness, on_step)
+            run_async(learner, client, args.steps, args.max_staleness, history)
         with client.phase("checkpoint"):  # the weights are on the device only inside a phase
             digest = learner.weights_digest()
     finally:
@@ -207,22 +235,17 @@ def main(argv: list[str] | None = None) -> int:
         if offload is not None:
             offload.stop()
     seconds = time.perf_counter() - started
-    first, last = history[: max(1, len(history) // 5)], history[-max(1, len(history) // 5) :]
-
-    def mean(rows: list[dict[str, Any]], key: str) -> float:
-        return sum(float.fromhex(r[key]) if isinstance(r[key], str) else r[key] for r in rows) / len(rows)
-
+    (reward0, reward1), (exact0, exact1) = history.trend("reward"), history.trend("exact")
     print(
-        f"{args.job} ({args.mode}, seed {args.seed}): {len(history)} steps in {seconds:.1f} s; "
-        f"reward {mean(first, 'reward'):.3f} -> {mean(last, 'reward'):.3f}, "
-        f"exact {mean(first, 'exact'):.3f} -> {mean(last, 'exact'):.3f}; weights {digest[:16]}",
+        f"{args.job} ({args.mode}, seed {args.seed}): {len(history.steps)} steps in "
+        f"{seconds:.1f} s; reward {reward0:.3f} -> {reward1:.3f}, "
+        f"exact {exact0:.3f} -> {exact1:.3f}; weights {digest[:16]}",
         flush=True,
     )
     if args.out is not None:
-        args.out.write_text(
-            json.dumps({"job": args.job, "mode": args.mode, "seed": args.seed, "steps": history,
-                        "weights_sha256": digest, "seconds": seconds})
-        )
+        result = {"job": args.job, "mode": args.mode, "seed": args.seed, "seconds": seconds}
+        result |= {"steps": history.steps, "weights_sha256": digest}
+        args.out.write_text(json.dumps(result))
     return 0
 
 
