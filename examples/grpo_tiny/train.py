@@ -1,10 +1,10 @@
 """A tiny GRPO job that takes turns on the GPUs through rlslice.
 
     python examples/grpo_tiny/train.py --alone                 # no scheduler
-    python examples/grpo_tiny/train.py --job grpo-a            # with `rlslice up` running
     python examples/grpo_tiny/train.py --mode async --alone    # bounded staleness
+    python examples/grpo_tiny/train.py --job grpo-a --seed 1   # with `rlslice up` running
 
-The policy (a tiny transformer) learns multi-digit addition from a verifier's reward.
+The policy (a tiny transformer) learns addition from a verifier's reward.
 rlslice adds two things to the loop: `client.phase(...)` around the GPU work, and, for the
 `app` backend, a `TorchOffloader` that moves the registered tensors out when another job
 takes the GPU and back before this job's next phase. The verifier runs on the CPU,
@@ -109,8 +109,10 @@ def run_async(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", default="grpo-a")
-    parser.add_argument("--group", default="gpus-a")
-    parser.add_argument("--scheduler", default=os.environ.get("RLSLICE_SCHEDULER"))
+    parser.add_argument("--group", default="grpo-tiny")
+    parser.add_argument(
+        "--scheduler", default=os.environ.get("RLSLICE_SCHEDULER", "127.0.0.1:50551")
+    )
     parser.add_argument("--alone", action="store_true", help="no scheduler: phases pass through")
     parser.add_argument("--backend", default="app", choices=["app", "cuda", "sim"])
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -208,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         separate_sampler=args.mode == "async",
     )
     learner = Learner(settings, torch.device(args.device), args.job)
+    if args.alone:
+        os.environ.pop("RLSLICE_SCHEDULER", None)  # the client would read it otherwise
     scheduler = None if args.alone else args.scheduler
     offload = (
         start_offload(learner, args.job, args.group)
