@@ -14,8 +14,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=25.1" setuptools wheel
+	# torch first, the CPU build on this disk: otherwise a dependency asking for any torch
+	# (accelerate) would pull a multi-GB CUDA build from the registry.
+	$(BIN)/python -m pip install -q "torch==2.13.0" || echo "torch 2.13.0 not available: torch tests will be skipped (CI fails instead)"
 	$(BIN)/python -m pip install -q -e ".[all]" --group dev
-	$(BIN)/python -m pip install -q "torch==2.13.0" || echo "torch 2.13.0 not available: torch tests will be skipped"
 	touch $(STAMP)
 
 test: venv lint typecheck pytest
