@@ -62,7 +62,7 @@ def run_job(
         offloader.register([ballast, inputs, targets], "data")
         socket_path = os.environ.pop("RLSLICE_AGENT_SOCKET")
         offload = start_offload_thread(offloader, job=name, group="h200", socket_path=socket_path)
-        time.sleep(1.0)  # registered and listening before the first grant
+        offload.wait_connected()  # registered and streaming before the first switch
     client = Client(
         job=name,
         group="h200",

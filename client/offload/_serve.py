@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
 from rlslice._channel import open_channel
-from rlslice._errors import InvalidArgumentError
+from rlslice._errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
 from rlslice._ids import validate_id
 from rlslice.client._backoff import Backoff
 from rlslice.client._local import ENV_AGENT_SOCKET, default_socket_path
@@ -123,6 +123,7 @@ async def serve_offload(
     socket_path: str | None = None,
     register: bool = True,
     reconnect: bool = True,
+    on_connected: Callable[[], object] | None = None,
 ) -> None:
     """Answer the agent's offload commands until cancelled.
 
@@ -131,6 +132,8 @@ async def serve_offload(
     agent's default path).
     `register`: register this process with the agent first (with the modes, tags and the
     local server's port); leave it on unless the process registered itself already.
+    `on_connected`: called each time the stream to the agent is open (registered, and the
+    stream's hello sent), so a job can wait for it before its first phase.
     """
     validate_id(job, "job")
     validate_id(group, "group")
@@ -157,7 +160,7 @@ async def serve_offload(
                         ),
                         timeout=30.0,
                     )
-                await _stream(stub, offloader, job, group, modes)
+                await _stream(stub, offloader, job, group, modes, on_connected)
                 delays = Backoff(initial=0.1, cap=5.0).delays()  # a clean end: start over
         except grpc.aio.AioRpcError as error:
             if error.code() in _FATAL or not reconnect:
@@ -174,6 +177,7 @@ async def _stream(
     job: str,
     group: str,
     modes: list[agent_pb2.OffloadMode.ValueType],
+    on_connected: Callable[[], object] | None,
 ) -> None:
     call = stub.Workload()
     await call.write(
@@ -183,6 +187,8 @@ async def _stream(
             )
         )
     )
+    if on_connected is not None:
+        on_connected()
     while True:
         command = await call.read()
         if command is _EOF:
@@ -198,18 +204,25 @@ class OffloadThread:
         self._loop = asyncio.new_event_loop()
         self._task: asyncio.Task[None] | None = None
         self._ready = threading.Event()
+        self._connected = threading.Event()
         self.error: BaseException | None = None
 
         async def main() -> None:
             self._task = asyncio.current_task()
             self._ready.set()
             try:
-                await serve_offload(offloaders, **kwargs)  # type: ignore[arg-type]
+                await serve_offload(
+                    offloaders,
+                    on_connected=self._connected.set,
+                    **kwargs,  # type: ignore[arg-type]
+                )
             except asyncio.CancelledError:
                 pass
             except BaseException as error:
                 self.error = error
                 log.error("offload loop stopped: %s", error)
+            finally:
+                self._connected.set()  # wake a waiter: it reports `error`
 
         self._thread = threading.Thread(
             target=self._loop.run_until_complete,
@@ -219,6 +232,17 @@ class OffloadThread:
         )
         self._thread.start()
         self._ready.wait()
+
+    def wait_connected(self, timeout: float = 30.0) -> None:
+        """Block until the agent has this process's registration and its offload stream, so
+        that a switch right after finds the job ready to offload. Raises UnavailableError if
+        the loop stopped (its error attached), DeadlineExceededError after `timeout` s."""
+        if not self._connected.wait(timeout):
+            raise DeadlineExceededError(
+                f"timeout: no offload stream to the agent within {timeout:g} s"
+            )
+        if self.error is not None or not self._thread.is_alive():
+            raise UnavailableError(f"offload loop stopped: {self.error}") from self.error
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close the stream and end the thread."""

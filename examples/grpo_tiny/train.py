@@ -114,7 +114,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--scheduler", default=os.environ.get("RLSLICE_SCHEDULER", "127.0.0.1:50551")
     )
     parser.add_argument("--alone", action="store_true", help="no scheduler: phases pass through")
-    parser.add_argument("--backend", default="app", choices=["app", "cuda", "sim"])
+    parser.add_argument(
+        "--backend",
+        default="app",
+        choices=["app", "cuda"],
+        help="app: this process offloads its own tensors; cuda: the agent checkpoints it",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--mode", default="sync", choices=["sync", "async"])
     parser.add_argument("--steps", type=int, default=100)
@@ -146,9 +151,7 @@ def start_offload(learner: Learner, job: str, group: str) -> OffloadThread:
         offloader.register(learner.sampler, "sampler")  # async mode's copy of the weights
     socket_path = os.environ.pop(AGENT_SOCKET_ENV, None)
     offload = start_offload_thread(offloader, job=job, group=group, socket_path=socket_path)
-    time.sleep(1.0)  # registered and listening before the first switch
-    if offload.error is not None:
-        raise RuntimeError(f"the offload loop stopped: {offload.error}")
+    offload.wait_connected()  # registered and streaming before the first switch
     return offload
 
 
