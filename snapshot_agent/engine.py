@@ -8,6 +8,7 @@ cut a copy in half, and the result is kept for a repeat with the same epoch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -49,6 +50,8 @@ from rlslice.snapshot_agent.state import JobState, Move
 log = logging.getLogger(__name__)
 
 MAX_EPOCH = 2**62
+#: Longest a move waits for an `app` job's workload stream to attach (see `_await_workloads`).
+WORKLOAD_ATTACH_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -305,13 +308,29 @@ class AgentEngine:
 
     def attach_workload(self, job: str, link: WorkloadLink) -> None:
         """Add an open workload stream to a registered job."""
-        self.table.entries[job].workloads.append(link)
+        entry = self.table.entries[job]
+        entry.workloads.append(link)
+        entry.attached.set()
 
     def detach_workload(self, job: str, link: WorkloadLink) -> None:
         """Remove a closed workload stream."""
         entry = self.table.entries.get(job)
         if entry is not None and link in entry.workloads:
             entry.workloads.remove(link)
+            if not entry.workloads:
+                entry.attached.clear()
+
+    async def _await_workloads(self, entry: JobEntry, backend: Backend, deadline: float) -> None:
+        """A job moved through its own processes (`app`) whose stream is not open yet (it
+        registered a moment ago, or this agent restarted and it is reconnecting) gets up to
+        WORKLOAD_ATTACH_SECONDS for it, within the move's deadline; then the backend says
+        what is missing."""
+        if entry.workloads or not getattr(backend, "needs_workloads", False):
+            return
+        wait = min(WORKLOAD_ATTACH_SECONDS, deadline - time.time())
+        if wait > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(entry.attached.wait(), wait)
 
     def _on_exit(self, ref: ProcessRef) -> None:
         entry = self.table.owner_of(ref)
@@ -430,6 +449,7 @@ class AgentEngine:
                 raise FailedPreconditionError(decision.message)
             name = self._backend_for(entry, move, asked)
             backend = await self.backend(name)
+            await self._await_workloads(entry, backend, deadline)
             handle = self._handle(entry, pids, options, discard_tags)
             if move is Move.SNAPSHOT:
                 await self._guard(handle, backend)

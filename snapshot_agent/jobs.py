@@ -48,6 +48,8 @@ class JobEntry:
     """The scheduler released the job (its lease ended) while its processes lived: its
     parked state is dropped as soon as they are gone."""
     workloads: list[WorkloadLink] = field(default_factory=list)
+    attached: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while at least one workload stream is open."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the job moves: moves of one job run one at a time."""
 

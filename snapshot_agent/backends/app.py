@@ -61,6 +61,8 @@ class AppBackend:
     """Moves jobs through their workloads' offload streams (see the module docstring)."""
 
     name: ClassVar[str] = "app"
+    needs_workloads: ClassVar[bool] = True
+    """The agent lets a just-registered job's stream attach before moving it."""
 
     def __init__(self, context: BackendContext, *, nvml: Nvml | None = None) -> None:
         self._context = context

@@ -10,6 +10,9 @@ offloader in a thread, as `serve_offload` does).
 - no workload stream: BackendError naming serve_offload.
 - state is UNKNOWN (only the workload knows); probe is usable.
 - the workload side: a second offloader failing restores the first; the reply says why.
+- an offload thread's `wait_connected` returns once a snapshot can find the stream; it
+  times out with no agent, and reports a loop that stopped on an error.
+- a snapshot of a job whose stream is still attaching waits for it (up to 10 s) and moves it.
 
 End to end: a real agent (`start_agent`, backend app) on a Unix socket in tmp_path,
 `serve_offload` with a real `TorchOffloader` in this process, Snapshot/Restore over the
@@ -266,3 +269,79 @@ async def test_a_workload_whose_second_offloader_fails_restores_the_first_and_sa
     assert "UnavailableError" in reply.error
     assert not offloader.offloaded
     assert torch.equal(weights, saved)
+
+
+async def test_an_offload_thread_says_when_the_agent_can_switch_the_job(
+    agent_settings: object, tmp_path: Path
+) -> None:
+    from rlslice._errors import DeadlineExceededError, UnavailableError
+    from rlslice.client.offload import start_offload_thread
+    from rlslice.snapshot_agent.agent import start_agent
+
+    offloader, (_weights,) = torch_workload(1000, {"weights": "offload"})
+    agent = await start_agent(agent_settings)  # type: ignore[arg-type]
+    thread = start_offload_thread(
+        offloader, job="job-a", group="g", socket_path=str(agent.socket_path)
+    )
+    try:
+        await asyncio.to_thread(thread.wait_connected, 10)
+        # No polling: a snapshot right after the wait finds the stream.
+        parked = await _move(agent.address, "snapshot", 1)
+        assert parked.bytes == 4000  # type: ignore[attr-defined]
+        await _move(agent.address, "restore", 2)
+    finally:
+        await asyncio.to_thread(thread.stop)
+        await agent.stop()
+
+    nobody = start_offload_thread(
+        offloader, job="job-a", group="g", socket_path=str(tmp_path / "none.sock")
+    )
+    with pytest.raises(DeadlineExceededError, match="offload stream"):
+        await asyncio.to_thread(nobody.wait_connected, 0.3)
+    await asyncio.to_thread(nobody.stop)
+
+    broken = start_offload_thread(offloader, job="Not_An_Id", group="g")
+    with pytest.raises(UnavailableError, match="offload loop stopped"):
+        await asyncio.to_thread(broken.wait_connected, 10)
+
+
+async def test_a_snapshot_waits_for_a_workload_stream_that_is_still_attaching(
+    agent_settings: object,
+) -> None:
+    from rlslice._channel import open_channel
+    from rlslice.snapshot_agent.agent import start_agent
+    from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
+
+    offloader, (weights,) = torch_workload(1000, {"weights": "offload"})
+    agent = await start_agent(agent_settings)  # type: ignore[arg-type]
+    loop = None
+    try:
+        # Registered (as the offload loop does first), but its stream not open yet.
+        async with open_channel(f"unix:{agent.socket_path}") as channel:
+            await agent_pb2_grpc.LocalAgentStub(channel).Register(
+                agent_pb2.LocalRegisterRequest(
+                    job="job-a", group="g", modes=[agent_pb2.OFFLOAD_MODE_OFFLOAD], backend="app"
+                ),
+                timeout=10,
+            )
+        snapshot = asyncio.ensure_future(_move(agent.address, "snapshot", 1))
+        await asyncio.sleep(0.3)
+        assert not snapshot.done()  # waiting for the stream, not failed
+        loop = asyncio.create_task(
+            serve_offload(
+                offloader,
+                job="job-a",
+                group="g",
+                socket_path=str(agent.socket_path),
+                register=False,
+            )
+        )
+        parked = await asyncio.wait_for(snapshot, 10)
+        assert parked.bytes == 4000  # type: ignore[attr-defined]
+        assert weights.untyped_storage().nbytes() == 0
+        await _move(agent.address, "restore", 2)
+    finally:
+        if loop is not None:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+        await agent.stop()
