@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import os
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -101,7 +102,11 @@ class AsyncClient:
                 backoff=Backoff(),
                 retry_seconds=RETRY_SECONDS,
             )
-            self._leases = Leases(self._conn, self._settings, on_yield_requested)
+            # One session per client object: its waits and holds are one thread of control
+            # for the scheduler's deadlock check, apart from other processes of the job.
+            self._leases = Leases(
+                self._conn, self._settings, on_yield_requested, session=secrets.token_hex(8)
+            )
         self._holds: dict[str, _Hold] = {}
         self._agent_registered = False
         self._agent_lock = asyncio.Lock()

@@ -61,9 +61,11 @@ class Leases:
         connection: Connection,
         settings: ClientSettings,
         on_yield_requested: YieldRequestedCallback | None,
+        session: str = "",
     ) -> None:
         self._conn = connection
         self._settings = settings
+        self._session = session
         self._on_yield_requested = on_yield_requested
         self._leases: dict[str, Lease] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -115,7 +117,11 @@ class Leases:
     async def _register(self, group: str, deadline: float | None) -> pb.RegisterResponse:
         s = self._settings
         request = pb.RegisterRequest(
-            job=s.job, group=group, lease_seconds=s.lease_seconds, device_bytes=s.device_bytes
+            job=s.job,
+            group=group,
+            lease_seconds=s.lease_seconds,
+            device_bytes=s.device_bytes,
+            session=self._session,
         )
         if s.priority is not None:
             request.priority = s.priority

@@ -17,6 +17,7 @@ MIN_LEASE_SECONDS = 0.1
 MAX_PHASE_LENGTH = 63
 MAX_ADDRESS_LENGTH = 255
 _LEASE_ID = re.compile(r"^[0-9a-f]{1,64}$")
+_SESSION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def job_id(value: str, field: str = "job") -> str:
@@ -62,6 +63,10 @@ def register(request: pb.RegisterRequest) -> None:
         raise InvalidArgumentError(f"weight: {request.weight} is outside (0, 1000]")
     if request.device_bytes < 0:
         raise InvalidArgumentError(f"device_bytes: {request.device_bytes} is negative")
+    if request.session and not _SESSION.match(request.session):
+        raise InvalidArgumentError(
+            f"session: {request.session[:64]!r} must be 1 to 64 letters, digits, '-' or '_'"
+        )
 
 
 def group_spec(request: pb.PutGroupRequest) -> GroupSpec:

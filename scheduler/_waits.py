@@ -4,27 +4,45 @@ Each group's state knows its own holder and queue; a cycle runs through several 
 the engine keeps who holds what and who waits for what across all of them, updated from each
 transition's before and after states (a cost of a few comparisons when neither the holder
 nor the queue changed). `scheduler.core.deadlock` does the search over it.
+
+The graph's nodes are *actors*, not jobs: a job registered with a session (one per client
+object) is `job/session`, so two processes of one job that wait independently (a trainer
+and a sampler in different groups) are two actors, and one does not count as blocked by
+the other's wait. A job registered without one is its own actor (all its processes taken
+as one thread, the conservative choice). Job ids are DNS labels, so `/` cannot be in one.
 """
 
 from __future__ import annotations
 
-from rlslice.scheduler.core import Deadlock, GroupState, closing_cycle
+from rlslice.scheduler.core import Deadlock, GroupState, WaitEdge, closing_cycle
+
+
+def actor(state: GroupState, job: str) -> str:
+    """The graph node of `job` in this group: `job/session`, or the job alone without one."""
+    record = state.jobs.get(job)
+    session = record.session if record is not None else ""
+    return f"{job}/{session}" if session else job
+
+
+def job_of(node: str) -> str:
+    """The job id of a graph node."""
+    return node.partition("/")[0]
 
 
 def graph_holder(state: GroupState) -> str | None:
-    """The job the group's waiters wait on: the holder, or the job a switch is bringing in
+    """The actor the group's waiters wait on: the holder, or the job a switch is bringing in
     (it will hold once the switch is done, unless its caller left)."""
     if state.holder is not None:
-        return state.holder
+        return actor(state, state.holder)
     switch = state.switch
     if switch is not None and (switch.ticket is not None or switch.detached):
-        return switch.incoming
+        return actor(state, switch.incoming)
     return None
 
 
 def _waiters(state: GroupState) -> frozenset[str]:
     # A waiter cut off by a scheduler restart waits for nobody until its call comes back.
-    return frozenset(w.job for w in state.queue if w.attached)
+    return frozenset(actor(state, w.job) for w in state.queue if w.attached)
 
 
 class WaitIndex:
@@ -34,11 +52,11 @@ class WaitIndex:
 
     def __init__(self) -> None:
         self.holders: dict[str, str] = {}
-        """Group -> the job its waiters wait on (see `graph_holder`)."""
+        """Group -> the actor its waiters wait on (see `graph_holder`)."""
         self.waiting: dict[str, set[str]] = {}
-        """Job -> the groups it waits for (attached waiters only)."""
+        """Actor -> the groups it waits for (attached waiters only)."""
         self.held: dict[str, set[str]] = {}
-        """Job -> the groups it holds (the inverse of `holders`)."""
+        """Actor -> the groups it holds (the inverse of `holders`)."""
 
     def update(self, before: GroupState | None, after: GroupState | None) -> bool:
         """Follow one group's transition (None: absent). True when the group got a new
@@ -65,16 +83,21 @@ class WaitIndex:
                 self.waiting.setdefault(job, set()).add(name)
         return new is not None and new != old
 
-    def waits(self, job: str, group: str) -> bool:
-        """Whether `job` is an attached waiter of `group`."""
-        return group in self.waiting.get(job, ())
+    def waits(self, node: str, group: str) -> bool:
+        """Whether actor `node` (see `actor`) is an attached waiter of `group`."""
+        return group in self.waiting.get(node, ())
 
-    def cycle(self, job: str, group: str) -> Deadlock | None:
-        """The wait-for cycle `job` waiting for `group` closes, if any. No search at all
-        when `job` holds nothing (nobody can wait on it then)."""
-        if not self.held.get(job):
+    def cycle(self, node: str, group: str) -> Deadlock | None:
+        """The wait-for cycle actor `node` waiting for `group` closes, if any, with job ids
+        in its edges. No search at all when `node` holds nothing (nobody waits on it)."""
+        if not self.held.get(node):
             return None
-        return closing_cycle(self.holders, self.waiting, job, group)
+        found = closing_cycle(self.holders, self.waiting, node, group)
+        if found is None:
+            return None
+        return Deadlock(
+            tuple(WaitEdge(job_of(e.job), e.group, job_of(e.holder)) for e in found.edges)
+        )
 
 
 def _discard(index: dict[str, set[str]], job: str, group: str) -> None:

@@ -32,7 +32,7 @@ from rlslice._errors import (
 )
 from rlslice.config import GroupSpec
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
-from rlslice.scheduler._waits import WaitIndex
+from rlslice.scheduler._waits import WaitIndex, actor
 from rlslice.scheduler.capacity import register_refusal
 from rlslice.scheduler.core import (
     Deadlock,
@@ -178,6 +178,7 @@ class Engine:
         priority: int | None,
         weight: float | None,
         device_bytes: int,
+        session: str = "",
     ) -> Registration:
         """Open a lease for `job` in `group` (created first in auto-create mode)."""
         runtime = self.groups.get(group)
@@ -190,7 +191,7 @@ class Engine:
         lease_id = secrets.token_hex(12)
         secret = secrets.token_urlsafe(32)
         event = events.Register(
-            job, lease_id, hash_secret(secret), seconds, priority, weight, device_bytes
+            job, lease_id, hash_secret(secret), seconds, priority, weight, device_bytes, session
         )
         self._apply(runtime, event)
         self._leases[lease_id] = (group, job)
@@ -268,7 +269,7 @@ class Engine:
         runtime.calls[ticket] = future
         try:
             self._apply(runtime, events.Acquire(job, ticket, phase))
-            if not future.done() and self.waits.waits(job, group):
+            if not future.done() and self.waits.waits(actor(runtime.state, job), group):
                 # The job queued (or came back to its place): its wait must not close a cycle.
                 self._break_cycle(runtime, job, ticket)
         except BaseException:
@@ -306,7 +307,7 @@ class Engine:
         """Fail acquire `ticket` of `job` (ABORTED) if its wait closes a wait-for cycle
         across groups. The waiter leaves the queue as a cancelled one does; the holders
         keep their groups. True when it failed."""
-        cycle: Deadlock | None = self.waits.cycle(job, runtime.state.name)
+        cycle: Deadlock | None = self.waits.cycle(actor(runtime.state, job), runtime.state.name)
         if cycle is None:
             return False
         message = cycle.message()
@@ -323,7 +324,7 @@ class Engine:
         that closes a cycle (each failure breaks one; another waiter may close another)."""
         group = runtime.state.name
         for waiter in runtime.state.queue:
-            if self.waits.waits(waiter.job, group):
+            if self.waits.waits(actor(runtime.state, waiter.job), group):
                 self._break_cycle(runtime, waiter.job, waiter.ticket)
 
     def lost_grant(self, group: str, job: str, epoch: int) -> None:

@@ -109,6 +109,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             request.priority if request.HasField("priority") else None,
             request.weight if request.HasField("weight") else None,
             request.device_bytes,
+            request.session,
         )
         return pb.RegisterResponse(
             lease_id=done.lease_id,

@@ -51,9 +51,13 @@ async def _drive(
 
     async def register(index: int, group: str, job: str) -> None:
         async with gate:
-            answer = await stubs[index % len(stubs)].Register(
-                pb.RegisterRequest(job=job, group=group, lease_seconds=LEASE_SECONDS), timeout=60
+            # Each (group, job) is its own actor: the job ids repeat across groups, and
+            # without a session of its own each would count as one thread of control (and
+            # be aborted as a deadlock by the cross-group check).
+            request = pb.RegisterRequest(
+                job=job, group=group, lease_seconds=LEASE_SECONDS, session=f"{job}-{group}"
             )
+            answer = await stubs[index % len(stubs)].Register(request, timeout=60)
         leases[(group, job)] = (answer.lease_id, answer.secret)
 
     async def events_kept(index: int, group: str) -> int:

@@ -20,6 +20,8 @@ class Register:
     """Overrides the group spec's value for the job when set."""
     weight: float | None = None
     device_bytes: int = 0
+    session: str = ""
+    """The registering client instance, for the deadlock check ("" if unsaid)."""
 
 
 @dataclass(frozen=True, slots=True)

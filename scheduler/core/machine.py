@@ -117,6 +117,7 @@ def _register(tx: _Tx, e: ev.Register) -> None:
         priority=known.priority if e.priority is None else e.priority,
         weight=known.weight if e.weight is None else e.weight,
         device_bytes=e.device_bytes,
+        session=e.session,
     )
     tx.set(jobs={**s.jobs, e.job: record})
     tx.record(Kind.REGISTERED, e.job)

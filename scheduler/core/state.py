@@ -47,6 +47,8 @@ class JobRecord:
     """Device bytes the job said it expects to hold on each node (0: unknown)."""
     held_seconds: float = 0.0
     """Seconds the job has held the lock (closed holds only)."""
+    session: str = ""
+    """The client instance that registered (see `RegisterRequest.session`); "" if unsaid."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ Cases:
 - a multi-group phase nested in a single-group phase shares its hold;
 - bad arguments (group and groups, duplicates, none, a string, a bad id) are refused
   with InvalidArgumentError naming the field, before anything reaches the scheduler;
-- a disabled client answers a disabled grant per group.
+- a disabled client answers a disabled grant per group;
+- each client object registers with a session of its own (the deadlock check's thread).
 """
 
 from __future__ import annotations
@@ -307,3 +308,23 @@ async def test_a_disabled_client_answers_a_disabled_grant_per_group() -> None:
             "g1": (True, "g1"),
             "g2": (True, "g2"),
         }
+
+
+async def test_each_client_object_registers_with_a_session_of_its_own(two: TestScheduler) -> None:
+    # The scheduler's deadlock check follows sessions: the groups one client holds and
+    # waits for are one thread; another client of the same job is another.
+    async with (
+        AsyncClient(job="a", scheduler=two.address) as trainer,
+        AsyncClient(job="a", scheduler=two.address) as sampler,
+    ):
+        async with trainer.phase("t", groups=["trainer-pool"]):
+            pass
+        async with sampler.phase("s", group="sampler-pool"):
+            pass
+        groups = two.running.engine.groups
+        trainer_session = groups["trainer-pool"].state.jobs["a"].session
+        sampler_session = groups["sampler-pool"].state.jobs["a"].session
+        assert len(trainer_session) == 16
+        assert int(trainer_session, 16) >= 0  # hex
+        assert len(sampler_session) == 16
+        assert trainer_session != sampler_session

@@ -10,7 +10,10 @@ Cases:
   the chain unwinds;
 - a new holder closes a cycle (a job with two calls in flight): the waiter that now waits
   on it, and only that one, fails with ABORTED when the grant is made;
-- a job that holds nothing never gets ABORTED, however many wait.
+- a job that holds nothing never gets ABORTED, however many wait;
+- sessions: two processes of one job (each its own session) that hold and wait
+  independently are not a cycle, and both waits are granted as the holds end; the same
+  waits from one session are; a malformed session is INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
@@ -145,3 +148,56 @@ async def test_a_job_holding_nothing_is_never_aborted(live: Live) -> None:
         await asyncio.sleep(0)
     granted = await asyncio.wait_for(asyncio.gather(*waits), 5)
     assert [g.job for g in granted] == ["b", "c", "d"]
+
+
+async def test_independent_processes_of_one_job_are_not_mistaken_for_a_cycle(
+    live: Live,
+) -> None:
+    # Job x's trainer (session t) holds g1 and job y's sampler (session s) holds g2; x's
+    # sampler waits for g2 and y's trainer for g1. By job name that is x -> y -> x, but
+    # neither holding process waits for anything: both holds end, both waits are granted.
+    x_g1 = await live.register("x", "g1", session="x-trainer")
+    y_g2 = await live.register("y", "g2", session="y-sampler")
+    x_g2 = await live.register("x", "g2", session="x-sampler")
+    y_g1 = await live.register("y", "g1", session="y-trainer")
+    await live.acquire("x", x_g1, "g1")
+    await live.acquire("y", y_g2, "g2")
+    x_waits = asyncio.ensure_future(live.acquire("x", x_g2, "g2"))
+    await live.waiting("x", "g2")
+    y_waits = asyncio.ensure_future(live.acquire("y", y_g1, "g1"))
+    await live.waiting("y", "g1")
+    assert not x_waits.done()  # waiting, not aborted
+    assert not y_waits.done()
+
+    await live.yield_("x", x_g1, "g1")
+    assert (await asyncio.wait_for(y_waits, 5)).group == "g1"
+    await live.yield_("y", y_g2, "g2")
+    assert (await asyncio.wait_for(x_waits, 5)).group == "g2"
+    assert not [e for g in ("g1", "g2") for e in live.engine.groups[g].ring if e.kind == "failed"]
+
+
+async def test_one_session_holding_and_waiting_across_groups_is_still_a_cycle(
+    live: Live,
+) -> None:
+    a_g1 = await live.register("a", "g1", session="a-main")
+    a_g2 = await live.register("a", "g2", session="a-main")
+    b_g1 = await live.register("b", "g1", session="b-main")
+    b_g2 = await live.register("b", "g2", session="b-main")
+    await live.acquire("a", a_g1, "g1")
+    await live.acquire("b", b_g2, "g2")
+    a_waits = asyncio.ensure_future(live.acquire("a", a_g2, "g2"))
+    await live.waiting("a", "g2")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await live.acquire("b", b_g1, "g1")
+    assert caught.value.code() == grpc.StatusCode.ABORTED
+    assert caught.value.details() == TWO  # job ids in the message, never sessions
+    a_waits.cancel()
+
+
+@pytest.mark.parametrize("session", ["has space", "x" * 65, "slash/inside", "é"])
+async def test_a_malformed_session_is_refused_naming_the_field(live: Live, session: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await live.register("a", "g1", session=session)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("session: ")
+    assert "g1" not in live.engine.groups  # refused before anything, even auto-creation

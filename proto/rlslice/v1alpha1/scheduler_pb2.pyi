@@ -398,6 +398,7 @@ class RegisterRequest(google.protobuf.message.Message):
     PRIORITY_FIELD_NUMBER: builtins.int
     WEIGHT_FIELD_NUMBER: builtins.int
     DEVICE_BYTES_FIELD_NUMBER: builtins.int
+    SESSION_FIELD_NUMBER: builtins.int
     job: builtins.str
     """Job id."""
     group: builtins.str
@@ -410,6 +411,13 @@ class RegisterRequest(google.protobuf.message.Message):
     """For POLICY_FAIR; overrides the group spec's value when set."""
     device_bytes: builtins.int
     """Device bytes the job expects to hold (0 if unknown); used for capacity checks."""
+    session: builtins.str
+    """The client instance registering (one per client object: letters, digits, '-', '_', at
+    most 64). The deadlock check takes the waits and holds of one session as one thread of
+    control, so two processes of a job (a trainer and a sampler, say) that wait
+    independently are not mistaken for a cycle. Empty: the job id stands for every
+    process of the job.
+    """
     def __init__(
         self,
         *,
@@ -419,9 +427,10 @@ class RegisterRequest(google.protobuf.message.Message):
         priority: builtins.int | None = ...,
         weight: builtins.float | None = ...,
         device_bytes: builtins.int = ...,
+        session: builtins.str = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["_priority", b"_priority", "_weight", b"_weight", "priority", b"priority", "weight", b"weight"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["_priority", b"_priority", "_weight", b"_weight", "device_bytes", b"device_bytes", "group", b"group", "job", b"job", "lease_seconds", b"lease_seconds", "priority", b"priority", "weight", b"weight"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["_priority", b"_priority", "_weight", b"_weight", "device_bytes", b"device_bytes", "group", b"group", "job", b"job", "lease_seconds", b"lease_seconds", "priority", b"priority", "session", b"session", "weight", b"weight"]) -> None: ...
     @typing.overload
     def WhichOneof(self, oneof_group: typing.Literal["_priority", b"_priority"]) -> typing.Literal["priority"] | None: ...
     @typing.overload
