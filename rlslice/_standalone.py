@@ -41,6 +41,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="Prometheus port of the scheduler"
     )
+    parser.add_argument(
+        "--group-config",
+        type=Path,
+        default=None,
+        help="YAML file: group specs created at start (a list, or {groups: [...]}); "
+        "other groups are created with defaults when a job first registers",
+    )
     parser.add_argument("--node", default=None, help="node name (default: the host name)")
     parser.add_argument(
         "--agent-address", default="127.0.0.1:0", help="agent gRPC address (loopback)"
@@ -68,6 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     """Run scheduler and agent until `stop` is set."""
+    from rlslice.config import load_group_config
     from rlslice.scheduler import SchedulerSettings, start_scheduler
     from rlslice.snapshot_agent import AgentSettings, start_agent
     from rlslice.snapshot_agent.settings import SimSettings
@@ -80,6 +88,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
             store=str(store),
             metrics_port=args.metrics_port,
             auto_create_groups=True,
+            groups=() if args.group_config is None else load_group_config(args.group_config),
         )
     )
     sim = {

@@ -225,3 +225,13 @@ class TLSConfig(BaseModel):
             private_key=self.key.read_bytes() if self.key else None,
             certificate_chain=self.cert.read_bytes() if self.cert else None,
         )
+
+
+def load_group_config(path: Path) -> tuple[GroupSpec, ...]:
+    """Group specs from a YAML file: a list of `GroupSpec` mappings, or `{groups: [...]}`
+    (`rlslice scheduler --group-config`, `rlslice up --group-config`). Needs pyyaml."""
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or []
+    items = data.get("groups", []) if isinstance(data, dict) else data
+    return tuple(GroupSpec.model_validate(item) for item in items)

@@ -166,16 +166,12 @@ def _token(args: argparse.Namespace, role: str) -> str | None:
 
 def settings_from(args: argparse.Namespace) -> Any:
     """The `SchedulerSettings` the flags describe."""
-    import yaml
-
-    from rlslice.config import GroupSpec, TLSConfig
+    from rlslice.config import GroupSpec, TLSConfig, load_group_config
     from rlslice.scheduler.settings import SchedulerSettings
 
     groups: tuple[GroupSpec, ...] = ()
     if args.group_config is not None:
-        data = yaml.safe_load(args.group_config.read_text()) or []
-        items = data.get("groups", []) if isinstance(data, dict) else data
-        groups = tuple(GroupSpec.model_validate(item) for item in items)
+        groups = load_group_config(args.group_config)
     tls = None
     if args.tls_cert or args.tls_key:
         tls = TLSConfig(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca)
