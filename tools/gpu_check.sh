@@ -13,6 +13,8 @@
 #   3. rlslice bench swap --backend app  --gib 4 --json   -> $OUT/bench_app.json
 #   4. rlslice bench swap --backend cuda --gib 4 --json [--compare-cli]
 #                                                         -> $OUT/bench_cuda.json
+#   5. examples/grpo_tiny/compare.py --device cuda --backend cuda, then --backend app
+#      (two GRPO jobs alone vs time-sliced, bit-identical)  -> $OUT/grpo_cuda.json, grpo_app.json
 # $OUT/summary.txt lists each step's exit status (124 = timed out).
 set -u
 
@@ -90,6 +92,11 @@ if command -v cuda-checkpoint > /dev/null; then CLI=(--compare-cli); fi
 step bench_cuda 120 "$PY" -m rlslice._cli bench swap --backend cuda --gib "$GIB" --json "${CLI[@]}" \
   > "$OUT/bench_cuda.json"
 cat "$OUT/bench_cuda.json"
+
+for backend in cuda app; do
+  step "grpo_$backend" 240 "$PY" examples/grpo_tiny/compare.py --device cuda --backend "$backend" \
+    --steps 30 --json "$OUT/grpo_$backend.json" 2>&1 | tail -8
+done
 
 echo "=== summary ($OUT)"
 cat "$OUT/summary.txt"
