@@ -22,7 +22,8 @@ methods (Ray's streaming returns) hold the group until the generator is exhauste
 `client=` takes a factory (a zero-argument callable returning a `Client` or `AsyncClient`,
 called once per process) or, outside Ray, a client itself. A client cannot be pickled:
 under Ray pass a factory, or nothing. Ray itself is not imported here; the decorator works
-on any class, which is how the tests run it.
+on any class (most tests use plain classes; `tests/integrations/test_ray_actors.py` runs
+real actors on a local Ray cluster).
 
 Ray inspects what it wraps: the wrapper keeps the method's name, docstring, signature
 (`__wrapped__`) and kind (`inspect.iscoroutinefunction` stays true for `async def`), and
