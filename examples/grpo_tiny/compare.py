@@ -96,7 +96,9 @@ def _free_port() -> int:
 def _jobs(
     args: argparse.Namespace, work: Path, label: str, env: Mapping[str, str], alone: bool
 ) -> dict[str, dict[str, Any]]:
-    """Run both jobs at once; their `--out` JSON by job name."""
+    """Run both jobs at once, their loops started together; their `--out` JSON by job."""
+    barrier = work / f"barrier-{label}"
+    barrier.mkdir()
     running = []
     for index, seed in enumerate(args.seeds):
         job = f"grpo-{'ab'[index]}"
@@ -104,17 +106,33 @@ def _jobs(
         argv = [
             sys.executable, str(TRAIN), "--job", job, "--group", GROUP, "--seed", str(seed),
             "--mode", args.mode, "--steps", str(args.steps), "--device", args.device,
-            "--backend", args.backend, "--out", str(out), "--quiet",
+            "--backend", args.backend, "--out", str(out), "--quiet", "--barrier", str(barrier),
         ]  # fmt: skip
         if alone:
             argv.append("--alone")
         running.append((job, out, subprocess.Popen(argv, env=dict(env))))
+    _release(barrier, [job for job, _, _ in running], [p for _, _, p in running], args.timeout)
     results = {}
     for job, out, process in running:
         if process.wait(timeout=args.timeout) != 0:
             raise RuntimeError(f"{job} ({label}) exited with {process.returncode}")
         results[job] = json.loads(out.read_text())
     return results
+
+
+def _release(
+    barrier: Path, jobs: list[str], processes: list[subprocess.Popen[bytes]], timeout: float
+) -> None:
+    """Once every job is ready, let them all go (see train.py's `wait_at_barrier`)."""
+    deadline = time.monotonic() + timeout
+    while not all((barrier / f"{job}.ready").exists() for job in jobs):
+        for job, process in zip(jobs, processes, strict=True):
+            if process.poll() is not None:
+                raise RuntimeError(f"{job} exited with {process.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"jobs not ready within {timeout:g} s")
+        time.sleep(0.01)
+    (barrier / "go").touch()
 
 
 @contextmanager

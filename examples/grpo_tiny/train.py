@@ -131,6 +131,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--entropy-coef", type=float, default=0.05)
     parser.add_argument("--max-staleness", type=int, default=1, help="async mode only")
     parser.add_argument("--out", type=Path, help="write per-step figures here (JSON)")
+    parser.add_argument(
+        "--barrier",
+        type=Path,
+        help="folder: once ready, write JOB.ready there and wait for a file named go "
+        "(compare.py starts both jobs' loops together this way)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-step lines")
     return parser.parse_args(argv)
 
@@ -153,6 +159,18 @@ def start_offload(learner: Learner, job: str, group: str) -> OffloadThread:
     offload = start_offload_thread(offloader, job=job, group=group, socket_path=socket_path)
     offload.wait_connected()  # registered and streaming before the first switch
     return offload
+
+
+def wait_at_barrier(folder: Path, job: str, timeout: float = 120.0) -> None:
+    """Say this job is ready (imports done, model built, offload stream open), then wait
+    until the runner says go: jobs that start their loops together really take turns,
+    however long each took to start (torch's import alone takes seconds on a busy machine)."""
+    (folder / f"{job}.ready").touch()
+    deadline = time.monotonic() + timeout
+    while not (folder / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{job}: no go in {folder} within {timeout:g} s")
+        time.sleep(0.01)
 
 
 class History:
@@ -229,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         device_bytes=learner.device_bytes,
     )
     history = History(args.job, args.quiet)
+    if args.barrier is not None:
+        wait_at_barrier(args.barrier, args.job)
     started = time.perf_counter()
     try:
         if args.mode == "sync":
