@@ -184,8 +184,10 @@ async def test_a_job_that_ends_while_the_scheduler_restarts_is_resumed_not_left_
         await f.put_group(name="g")
         worker_a = await f.worker("n1", "a")
         async with AsyncClient(job="b", group="g", scheduler=f.address, device_bytes=STATE) as b:
+            # A closing client tries for its lease's ttl (20 s): the kill, 6.5 s down and a
+            # restart (several seconds on a loaded machine) must fit in it.
             a = AsyncClient(
-                job="a", group="g", scheduler=f.address, device_bytes=STATE, lease_seconds=10
+                job="a", group="g", scheduler=f.address, device_bytes=STATE, lease_seconds=20
             )
             await _first_hold(f, a, worker_a, seed=1)
             await b.acquire(timeout=30)
