@@ -14,7 +14,12 @@ from typing import overload
 
 import grpc
 
-from rlslice._errors import DeadlineExceededError, FailedPreconditionError
+from rlslice._errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from rlslice._ids import validate_seconds
 from rlslice._tracing import ACQUIRE, span
 from rlslice.client._agent import register_with_local_agent
@@ -347,8 +352,20 @@ class AsyncClient:
                     group,
                 )
                 return
-            if not self._closed:
+            if self._closed:
+                return
+            try:
                 await self.yield_(group)
+            except (NotFoundError, PermissionDeniedError) as error:
+                # The scheduler no longer knows the lease (it restarted without it, or it
+                # lapsed; the keep-alive may be registering again right now): the lock is
+                # lost already, so there is nothing to give back.
+                log.warning(
+                    "job %r lost group %r during a phase (%s): nothing to yield",
+                    self.job,
+                    group,
+                    error,
+                )
 
     async def _enter_phases(self, name: str, groups: tuple[str, ...]) -> dict[str, Grant]:
         """Enter each group's phase in the given (canonical) order; on any failure leave

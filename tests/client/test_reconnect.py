@@ -6,6 +6,8 @@ Cases:
 - in-memory store: the restarted scheduler forgot every lease; the next acquire registers
   again and is granted, and the keep-alive registers a lease again by itself;
 - a phase whose lease was lost during the block does not yield someone else's grant;
+  nor does one that ends before its client noticed the loss (the scheduler answers its
+  Yield NOT_FOUND: the lock is gone already, so the phase ends without an error);
 - an acquire made while no scheduler listens yet is granted once one comes up.
 """
 
@@ -92,6 +94,22 @@ async def test_a_phase_that_lost_its_lease_does_not_yield(
             await phase.__aexit__(None, None, None)
             assert "lost group 'gpus'" in caplog.text
             assert (await second.group("gpus")).holder == "b"
+        await client.close()
+
+
+async def test_a_phase_ending_before_its_client_noticed_the_loss_ends_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    async with scheduler_for_tests(groups=["gpus"], address=address):
+        # A long lease: no keep-alive notices the restart before the phase ends.
+        client = AsyncClient(job="a", group="gpus", scheduler=address, lease_seconds=600)
+        phase = client.phase("train")
+        await phase.__aenter__()
+    async with scheduler_for_tests(groups=["gpus"], address=address) as second:
+        await phase.__aexit__(None, None, None)  # its Yield: NOT_FOUND, the lock is lost
+        assert "lost group 'gpus' during a phase" in caplog.text
+        assert (await second.group("gpus")).holder == ""
         await client.close()
 
 
