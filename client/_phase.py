@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
@@ -95,10 +95,15 @@ class _AsyncBlock(Generic[T]):
 
 
 class _SyncBlock(Generic[T]):
-    """A `with` block that also decorates plain functions; `T` is its `as` value."""
+    """A `with` block that also decorates plain functions: its async twin (`block`), run on
+    the sync client's loop thread; `T` is its `as` value."""
+
+    def __init__(self, client: Client, block: _AsyncBlock[T]) -> None:
+        self._client = client
+        self._block = block
 
     def __enter__(self) -> T:
-        raise NotImplementedError
+        return self._client._run(lambda _: self._block.__aenter__())
 
     def __exit__(
         self,
@@ -106,7 +111,7 @@ class _SyncBlock(Generic[T]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        raise NotImplementedError
+        self._client._run(lambda _: self._block.__aexit__(exc_type, exc, tb))
 
     def __call__(self, function: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(function):
@@ -146,23 +151,9 @@ class SyncPhase(_SyncBlock[Grant]):
     """`with client.phase("train") as grant:` or `@client.phase("train")` on a plain def."""
 
     def __init__(self, client: Client, name: str, group: str) -> None:
-        self._client = client
+        super().__init__(client, AsyncPhase(client._async, name, group))
         self.name = name
         self.group = group
-
-    def _run(self, make: Callable[[AsyncClient], Awaitable[R]]) -> R:
-        return self._client._run(make)
-
-    def __enter__(self) -> Grant:
-        return self._run(lambda c: c._enter_phase(self.name, self.group))
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._run(lambda c: c._exit_phase(self.group))
 
 
 class AsyncGroupsPhase(_AsyncBlock[dict[str, Grant]]):
@@ -196,18 +187,7 @@ class SyncGroupsPhase(_SyncBlock[dict[str, Grant]]):
     """
 
     def __init__(self, client: Client, name: str, groups: tuple[str, ...]) -> None:
-        self._client = client
+        super().__init__(client, AsyncGroupsPhase(client._async, name, groups))
         self.name = name
         self.groups = groups
         """The groups, in the order they are entered (sorted); left in reverse."""
-
-    def __enter__(self) -> dict[str, Grant]:
-        return self._client._run(lambda c: c._enter_phases(self.name, self.groups))
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._client._run(lambda c: c._exit_phases(self.groups))
