@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> int:
-        from rlslice._kube import KubeError
+        from rlslice.adapters.kube import KubeError
         from rlslice.snapshot_agent.kubernetes_mode import start_kubernetes_agent
 
         # Handlers first: a SIGTERM during start must still stop us cleanly.

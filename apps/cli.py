@@ -17,20 +17,23 @@ from rlslice._version import __version__
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("rlslice._standalone", "run a scheduler and an agent in one process (standalone)"),
-    "scheduler": ("rlslice.scheduler._cmd", "run the scheduler"),
-    "agent": ("rlslice.snapshot_agent._cmd", "run the snapshot agent of this node"),
-    "probe": ("rlslice.snapshot_agent._cmd_probe", "list the backends usable on this node"),
-    "run": ("rlslice.client._cmd_run", "run a command as a job registered with the local agent"),
-    "status": ("rlslice._cmd_status", "show groups: holder, queue, resident, parked, epoch"),
-    "top": ("rlslice._top", "live view of every group"),
-    "timeline": ("rlslice._timeline", "export a group's timeline (Chrome trace JSON, PNG)"),
-    "demo": ("rlslice._demo", "two RL-shaped jobs, dedicated vs time-sliced, on the sim backend"),
-    "bench": ("rlslice._bench", "benchmarks: handoff, switch, swap, scale, soak"),
-    "operator": ("rlslice.operator._cmd", "run the Kubernetes operator (kopf)"),
-    "plan": ("rlslice.planner._cmd_plan", "check whether jobs fit on nodes"),
-    "simulate": ("rlslice.planner._cmd_simulate", "simulate interleaving jobs on one group"),
-    "diagnose": ("rlslice.planner._cmd_diagnose", "hypotheses from a scheduler's metrics"),
+    "up": ("rlslice.apps.up", "run a scheduler and an agent in one process (standalone)"),
+    "scheduler": ("rlslice.apps.scheduler", "run the scheduler"),
+    "agent": ("rlslice.apps.agent", "run the snapshot agent of this node"),
+    "probe": ("rlslice.apps.probe", "list the backends usable on this node"),
+    "run": ("rlslice.apps.run", "run a command as a job registered with the local agent"),
+    "status": ("rlslice.apps.status", "show groups: holder, queue, resident, parked, epoch"),
+    "top": ("rlslice.apps.top", "live view of every group"),
+    "timeline": ("rlslice.apps.timeline", "export a group's timeline (Chrome trace JSON, PNG)"),
+    "demo": (
+        "rlslice.apps.demo",
+        "two RL-shaped jobs, dedicated vs time-sliced, on the sim backend",
+    ),
+    "bench": ("rlslice.apps.bench", "benchmarks: handoff, switch, swap, scale, soak"),
+    "operator": ("rlslice.apps.operator", "run the Kubernetes operator (kopf)"),
+    "plan": ("rlslice.apps.plan", "check whether jobs fit on nodes"),
+    "simulate": ("rlslice.apps.simulate", "simulate interleaving jobs on one group"),
+    "diagnose": ("rlslice.apps.diagnose", "hypotheses from a scheduler's metrics"),
 }
 
 

@@ -1,7 +1,7 @@
 """`rlslice demo`: two RL-shaped jobs, first on dedicated emulated GPUs, then time-sliced on one.
 
 Each job is a driver (this process, one thread per job, using `rlslice.Client`) and a GPU
-worker process (`rlslice._demo_worker`) holding a few hundred MiB of emulated device state.
+worker process (`rlslice.apps.demo_worker`) holding a few hundred MiB of emulated device state.
 A cycle is rollout on the GPU, reward scoring on the CPU, training on the GPU. The demo
 starts `rlslice up` (scheduler + agent, `sim` backend) as a real subprocess; dedicated, each
 job has its own group and device, time-sliced both share group `shared` on device 0, whose
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlslice._worker_pipe import WorkerPipe
+from rlslice.apps.worker_pipe import WorkerPipe
 
 MiB = 1 << 20
 
@@ -176,7 +176,7 @@ def _start_cluster(work: Path, *, devices: int, capacity: int, rate_gbps: float)
     argv = [
         sys.executable,
         "-m",
-        "rlslice._cli",
+        "rlslice.apps",
         "--log-level",
         "WARNING",
         "up",
@@ -274,7 +274,7 @@ def _run_job(
         [
             sys.executable,
             "-m",
-            "rlslice._demo_worker",
+            "rlslice.apps.demo_worker",
             run.job,
             run.group,
             str(profile.state_mib * MiB),

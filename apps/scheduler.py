@@ -215,7 +215,7 @@ def election_from(args: argparse.Namespace) -> Election | None:
     import socket
 
     from rlslice._ids import validate_id
-    from rlslice._kube import namespace_in_cluster
+    from rlslice.adapters.kube import namespace_in_cluster
 
     store = str(args.store)
     if store != "kubernetes" and not store.startswith("kubernetes:"):
@@ -242,7 +242,7 @@ def election_from(args: argparse.Namespace) -> Election | None:
 
 def elected_scheduler(settings: Any, election: Election) -> Any:
     """An `ElectedScheduler` campaigning for `election`'s Lease through the in-cluster API."""
-    from rlslice._kube import KubeAPI
+    from rlslice.adapters.kube import KubeAPI
     from rlslice.scheduler.leader import ElectedScheduler, LeaseElector
 
     elector = LeaseElector(

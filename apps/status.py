@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 async def _fetch(args: argparse.Namespace) -> list[Any]:
     from pathlib import Path
 
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.config import TLSConfig
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc

@@ -2,7 +2,7 @@
 
 Reads the group's bounded event ring from the scheduler (`GetEvents`) or from a saved log
 (`--from-log`, the JSON form of a `GetEventsResponse`, as `--save-log` writes it), folds it
-into lanes (`rlslice._trace_export.build_timeline`) and writes, by the suffix of each
+into lanes (`rlslice.apps.trace_export.build_timeline`) and writes, by the suffix of each
 `--out`:
 
 - `.json`: a Chrome trace (open it in Perfetto, ui.perfetto.dev, or chrome://tracing);
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from rlslice._trace_export import (
+from rlslice.apps.trace_export import (
     Event,
     Timeline,
     build_timeline,
@@ -131,8 +131,8 @@ async def fetch_events(
     """The group's event ring from the scheduler at `address` (raises an rlslice error)."""
     import grpc
 
-    from rlslice._channel import open_channel
-    from rlslice._grpc_errors import error_from_rpc
+    from rlslice.adapters.channel import open_channel
+    from rlslice.adapters.grpc_errors import error_from_rpc
     from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
     async with open_channel(address, token=token or None) as channel:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
-from rlslice._trace_export import Event
+from rlslice.apps.trace_export import Event
 
 if TYPE_CHECKING:
     import grpc
@@ -259,7 +259,7 @@ def group_view_from_proto(status: scheduler_pb2.GroupStatus) -> GroupView:
 
 def fold_message(state: TopState, message: scheduler_pb2.GroupEvent) -> TopState:
     """`fold` for a `GroupEvent` off the wire."""
-    from rlslice._timeline import event_from_proto
+    from rlslice.apps.timeline import event_from_proto
 
     status = None
     if message.HasField("status"):
@@ -347,8 +347,8 @@ def run(args: argparse.Namespace) -> int:
     import grpc
     from rich.console import Console
 
-    from rlslice._grpc_errors import error_from_rpc
     from rlslice._ids import validate_id
+    from rlslice.adapters.grpc_errors import error_from_rpc
 
     if args.group:
         try:
@@ -377,7 +377,7 @@ async def _main(args: argparse.Namespace, console: Console) -> int:
 
     from rich.live import Live
 
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
 
     title = f"rlslice top · {args.scheduler}"
     async with open_channel(args.scheduler, token=args.token or None) as channel:

@@ -7,7 +7,7 @@
 
 `AsyncClient` is the implementation, for asyncio code; `Client` runs it on a private loop
 thread for blocking code. Without a scheduler configured both pass every call through.
-`rlslice.client.testing` runs a real scheduler in-process for your own tests.
+`rlslice.testing` runs a real scheduler in-process for your own tests.
 """
 
 from rlslice.client._async_client import AsyncClient

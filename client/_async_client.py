@@ -21,7 +21,7 @@ from rlslice._errors import (
     PermissionDeniedError,
 )
 from rlslice._ids import validate_seconds
-from rlslice._tracing import ACQUIRE, span
+from rlslice.adapters.tracing import ACQUIRE, span
 from rlslice.client._agent import register_with_local_agent
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed

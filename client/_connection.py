@@ -15,9 +15,9 @@ from typing import Any, TypeVar, cast
 import grpc
 from google.protobuf.message import Message
 
-from rlslice._channel import open_channel
 from rlslice._errors import DeadlineExceededError, FailedPreconditionError, RlsliceError
-from rlslice._grpc_errors import error_from_rpc
+from rlslice.adapters.channel import open_channel
+from rlslice.adapters.grpc_errors import error_from_rpc
 from rlslice.client._backoff import Backoff
 from rlslice.config import TLSConfig
 from rlslice.v1alpha1 import scheduler_pb2_grpc

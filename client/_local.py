@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from rlslice._grpc_errors import error_from_rpc
 from rlslice._ids import validate_id
+from rlslice.adapters.grpc_errors import error_from_rpc
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
 ENV_AGENT_SOCKET = "RLSLICE_AGENT_SOCKET"

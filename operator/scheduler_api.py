@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import grpc
 
-from rlslice._channel import open_channel
 from rlslice._errors import NotFoundError
-from rlslice._grpc_errors import error_from_rpc
+from rlslice.adapters.channel import open_channel
+from rlslice.adapters.grpc_errors import error_from_rpc
+from rlslice.adapters.wire import group_spec_from_proto, group_spec_to_proto
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.operator.reconcile import SchedulerView
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
@@ -19,7 +20,7 @@ from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 def view_from_proto(status: scheduler_pb2.GroupStatus) -> SchedulerView:
     """A GroupStatus answer as a plain value."""
     return SchedulerView(
-        spec=GroupSpec.from_proto(status.spec),
+        spec=group_spec_from_proto(status.spec),
         phase=status.phase or "Idle",
         holder=status.holder,
         queue=tuple(status.queue),
@@ -68,7 +69,7 @@ class SchedulerAPI:
         """Create or replace the group (idempotent); the scheduler's state after it."""
         try:
             status = await self._stub.PutGroup(
-                scheduler_pb2.PutGroupRequest(spec=spec.to_proto()), timeout=self._timeout
+                scheduler_pb2.PutGroupRequest(spec=group_spec_to_proto(spec)), timeout=self._timeout
             )
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None

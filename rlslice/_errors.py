@@ -1,6 +1,6 @@
 """The exceptions rlslice raises, one per kind of failure a caller can act on.
 
-Pure: no grpc here. `rlslice._grpc_errors` maps them to and from gRPC status codes.
+Pure: no grpc here. `rlslice.adapters.grpc_errors` maps them to and from gRPC status codes.
 Messages are one line and name the field or object they are about.
 """
 

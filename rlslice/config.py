@@ -1,8 +1,8 @@
 """Typed configuration shared by the components: group specs, TLS and tokens.
 
-Each model converts at the adapter: `GroupSpec.to_proto()` / `GroupSpec.from_proto()` for
-the wire, `TLSConfig.server_credentials()` / `channel_credentials()` for grpc. Pure pydantic
-otherwise, so the operator, the scheduler and the standalone config file share one schema.
+Pure pydantic, so the operator, the scheduler and the standalone config file share one
+schema. Conversions live at the adapters: `rlslice.adapters.wire` for the protobuf form of a
+`GroupSpec`, `rlslice.adapters.channel` for grpc credentials from a `TLSConfig`.
 """
 
 from __future__ import annotations
@@ -10,16 +10,11 @@ from __future__ import annotations
 import enum
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlslice._ids import validate_id
-
-if TYPE_CHECKING:
-    import grpc
-
-    from rlslice.v1alpha1 import scheduler_pb2
 
 MAX_LEASE_SECONDS = 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
@@ -131,60 +126,6 @@ class GroupSpec(BaseModel):
                 return spec
         return JobSpec(name=name)
 
-    def to_proto(self) -> scheduler_pb2.GroupSpec:
-        """The wire form of this spec."""
-        from rlslice.v1alpha1 import scheduler_pb2
-
-        return scheduler_pb2.GroupSpec(
-            name=self.name,
-            policy=_POLICY_TO_PROTO[self.policy],  # type: ignore[arg-type]
-            lease_seconds=self.lease_seconds,
-            max_hold_seconds=self.max_hold_seconds,
-            yield_grace_seconds=self.yield_grace_seconds,
-            backend=self.backend,
-            backend_options=dict(self.backend_options),
-            nodes=list(self.nodes),
-            headroom_bytes=self.headroom_bytes,
-            jobs=[
-                scheduler_pb2.JobSpec(
-                    name=j.name, priority=j.priority, weight=j.weight, backend=j.backend
-                )
-                for j in self.jobs
-            ],
-            node_selector=dict(self.node_selector),
-        )
-
-    @classmethod
-    def from_proto(cls, message: scheduler_pb2.GroupSpec) -> GroupSpec:
-        """Validate a wire spec; zero values take the defaults. Raises pydantic's ValidationError."""
-        defaults = cls.model_fields
-        return cls(
-            name=message.name,
-            policy=_POLICY_FROM_PROTO.get(message.policy, Policy.FIFO),
-            lease_seconds=message.lease_seconds or defaults["lease_seconds"].default,
-            max_hold_seconds=message.max_hold_seconds,
-            yield_grace_seconds=message.yield_grace_seconds
-            or defaults["yield_grace_seconds"].default,
-            backend=message.backend or "sim",
-            backend_options=dict(message.backend_options),
-            nodes=tuple(message.nodes),
-            headroom_bytes=message.headroom_bytes,
-            jobs=tuple(
-                JobSpec(
-                    name=j.name,
-                    priority=j.priority,
-                    weight=j.weight or 1.0,
-                    backend=j.backend,
-                )
-                for j in message.jobs
-            ),
-            node_selector=dict(message.node_selector),
-        )
-
-
-_POLICY_TO_PROTO = {Policy.FIFO: 1, Policy.PRIORITY: 2, Policy.FAIR: 3}
-_POLICY_FROM_PROTO = {v: k for k, v in _POLICY_TO_PROTO.items()}
-
 
 class TLSConfig(BaseModel):
     """TLS for a gRPC endpoint. With `client_ca` set on a server, clients must present a
@@ -202,29 +143,6 @@ class TLSConfig(BaseModel):
     """Server side: PEM CA that client certificates must chain to (turns on mutual TLS)."""
     server_name: str | None = None
     """Client side: overrides the name checked in the server certificate."""
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """grpc server credentials from the files."""
-        import grpc
-
-        if self.cert is None or self.key is None:
-            raise ValueError("tls: a server needs both cert and key")
-        pair = [(self.key.read_bytes(), self.cert.read_bytes())]
-        if self.client_ca is not None:
-            return grpc.ssl_server_credentials(
-                pair, root_certificates=self.client_ca.read_bytes(), require_client_auth=True
-            )
-        return grpc.ssl_server_credentials(pair)
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        """grpc channel credentials from the files."""
-        import grpc
-
-        return grpc.ssl_channel_credentials(
-            root_certificates=self.ca.read_bytes() if self.ca else None,
-            private_key=self.key.read_bytes() if self.key else None,
-            certificate_chain=self.cert.read_bytes() if self.cert else None,
-        )
 
 
 def load_group_config(path: Path) -> tuple[GroupSpec, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.scheduler._runtime import EventEntry
 from rlslice.scheduler.core import GroupState, Location, actions, order
 from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -51,7 +52,7 @@ def group_status(
             )
         )
     return pb.GroupStatus(
-        spec=state.spec.to_proto(),
+        spec=group_spec_to_proto(state.spec),
         holder=state.holder or "",
         queue=[w.job for w in queue],
         resident=list(state.resident),

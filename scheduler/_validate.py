@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id, validate_seconds
+from rlslice.adapters.wire import group_spec_from_proto
 from rlslice.config import MAX_LEASE_SECONDS, GroupSpec
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
@@ -73,7 +74,7 @@ def group_spec(request: pb.PutGroupRequest) -> GroupSpec:
     if not request.HasField("spec"):
         raise InvalidArgumentError("spec: required")
     try:
-        return GroupSpec.from_proto(request.spec)
+        return group_spec_from_proto(request.spec)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "spec"

@@ -25,14 +25,14 @@ from typing import Any
 
 import grpc
 
-from rlslice._channel import open_channel
 from rlslice._errors import (
     AbortedError,
     FailedPreconditionError,
     ResourceExhaustedError,
     RlsliceError,
 )
-from rlslice._tracing import SWITCH, span
+from rlslice.adapters.channel import open_channel
+from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.scheduler.core import GroupState, NodeMemory, Switch, choose_evictions, events
 from rlslice.scheduler.core.membership import group_nodes

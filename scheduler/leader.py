@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rlslice._kube import KubeAPI, KubeError
+from rlslice.adapters.kube import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +276,7 @@ class ElectedScheduler:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
         from grpc_health.v1._async import HealthServicer
 
-        from rlslice._channel import SERVER_OPTIONS, add_port
+        from rlslice.adapters.channel import SERVER_OPTIONS, add_port
         from rlslice.scheduler.server import SERVICE_NAME
 
         server = grpc.aio.server(options=SERVER_OPTIONS)

@@ -17,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from rlslice._auth import Role, TokenAuthInterceptor
-from rlslice._channel import SERVER_OPTIONS, add_port
+from rlslice.adapters.auth import Role, TokenAuthInterceptor
+from rlslice.adapters.channel import SERVER_OPTIONS, add_port
 from rlslice.scheduler.coordinator import Coordinator
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics

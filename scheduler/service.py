@@ -14,10 +14,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rlslice._auth import Role
 from rlslice._errors import RlsliceError, UnavailableError
-from rlslice._grpc_errors import abort_with
 from rlslice._ids import validate_id
+from rlslice.adapters.auth import Role
+from rlslice.adapters.grpc_errors import abort_with
 from rlslice.scheduler import _proto, _validate
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler.coordinator import Coordinator

@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlslice._errors import InvalidArgumentError
-from rlslice._net import host_of, is_loopback
+from rlslice.adapters.net import host_of, is_loopback
 from rlslice.config import GroupSpec, TLSConfig
 
 

@@ -13,10 +13,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from rlslice._auth import Role, TokenAuthInterceptor
-from rlslice._channel import SERVER_OPTIONS, add_port
 from rlslice._errors import InvalidArgumentError
-from rlslice._net import host_of, is_loopback
+from rlslice.adapters.auth import Role, TokenAuthInterceptor
+from rlslice.adapters.channel import SERVER_OPTIONS, add_port
+from rlslice.adapters.net import host_of, is_loopback
 from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.local_service import LocalAgentServicer
 from rlslice.snapshot_agent.metrics import AgentMetrics

@@ -28,7 +28,7 @@ from rlslice._errors import (
     ResourceExhaustedError,
 )
 from rlslice._ids import validate_id
-from rlslice._tracing import RESTORE, SNAPSHOT, span
+from rlslice.adapters.tracing import RESTORE, SNAPSHOT, span
 from rlslice.snapshot_agent import memguard, state
 from rlslice.snapshot_agent.backends import BackendEntry, installed_backends
 from rlslice.snapshot_agent.backends.base import (

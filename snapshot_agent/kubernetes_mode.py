@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from rlslice._ids import is_valid_id
-from rlslice._kube import KubeAPI, KubeError
 from rlslice._nodes import node_label
+from rlslice.adapters.kube import KubeAPI, KubeError
 from rlslice.snapshot_agent.agent import RunningAgent, start_agent
 from rlslice.snapshot_agent.discovery import (
     JOB_LABEL,

@@ -21,7 +21,7 @@ from rlslice._errors import (
     PermissionDeniedError,
     RlsliceError,
 )
-from rlslice._grpc_errors import abort_with
+from rlslice.adapters.grpc_errors import abort_with
 from rlslice.snapshot_agent.backends.base import OffloadAction, WorkloadAnswer
 from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.jobs import LocalServer

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.config import TLSConfig
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 

@@ -8,9 +8,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rlslice._auth import Role
 from rlslice._errors import InternalError, RlsliceError
-from rlslice._grpc_errors import abort_with
+from rlslice.adapters.auth import Role
+from rlslice.adapters.grpc_errors import abort_with
 from rlslice.snapshot_agent.engine import AgentEngine, MoveReply
 from rlslice.snapshot_agent.state import JobState, Move
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc

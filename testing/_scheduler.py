@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from google.protobuf.message import Message
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
+from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.client._loop_thread import LoopThread
 from rlslice.config import GroupSpec
 from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -66,7 +67,7 @@ class TestScheduler:
         """Create or replace a group (a name takes the default spec)."""
         if isinstance(spec, str):
             spec = GroupSpec(name=spec)
-        request = pb.PutGroupRequest(spec=spec.to_proto())
+        request = pb.PutGroupRequest(spec=group_spec_to_proto(spec))
         return await self._call("PutGroup", request, pb.GroupStatus)
 
     async def _call(self, method: str, request: Message, response: type[T]) -> T:

@@ -66,7 +66,7 @@ import rlslice
 print("rlslice", rlslice.__version__)
 EOF
   command -v cuda-checkpoint && timeout 20 cuda-checkpoint --help | head -3
-  timeout 60 "$PY" -m rlslice._cli probe || true
+  timeout 60 "$PY" -m rlslice.apps.cli probe || true
 }
 
 echo "=== versions"
@@ -83,13 +83,13 @@ else
   echo "pytest_gpu rc=skipped (pytest not installed)" | tee -a "$OUT/summary.txt"
 fi
 
-step bench_app 90 "$PY" -m rlslice._cli bench swap --backend app --gib "$GIB" --json \
+step bench_app 90 "$PY" -m rlslice.apps.cli bench swap --backend app --gib "$GIB" --json \
   > "$OUT/bench_app.json"
 cat "$OUT/bench_app.json"
 
 CLI=()
 if command -v cuda-checkpoint > /dev/null; then CLI=(--compare-cli); fi
-step bench_cuda 120 "$PY" -m rlslice._cli bench swap --backend cuda --gib "$GIB" --json "${CLI[@]}" \
+step bench_cuda 120 "$PY" -m rlslice.apps.cli bench swap --backend cuda --gib "$GIB" --json "${CLI[@]}" \
   > "$OUT/bench_cuda.json"
 cat "$OUT/bench_cuda.json"
 

@@ -123,6 +123,7 @@ def main() -> int:
 
     import grpc
 
+    from rlslice.adapters.wire import group_spec_to_proto
     from rlslice.config import GroupSpec
     from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -148,7 +149,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "rlslice._cli",
+            "rlslice.apps",
             "--log-level",
             "INFO",
             "up",
@@ -192,7 +193,9 @@ def main() -> int:
         )
         while True:
             try:
-                stub.PutGroup(scheduler_pb2.PutGroupRequest(spec=spec.to_proto()), timeout=2)
+                stub.PutGroup(
+                    scheduler_pb2.PutGroupRequest(spec=group_spec_to_proto(spec)), timeout=2
+                )
                 break
             except grpc.RpcError:
                 if time.monotonic() > deadline or up.poll() is not None:

@@ -10,19 +10,22 @@ import importlib
 #: bench name -> (module, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
     "handoff": (
-        "rlslice._bench.handoff",
+        "rlslice.apps.bench.handoff",
         "acquire/yield/handoff latency vs a bare gRPC round trip",
     ),
-    "switch": ("rlslice._bench.switch", "sim-backend switch time vs plain memcpy, by state size"),
+    "switch": (
+        "rlslice.apps.bench.switch",
+        "sim-backend switch time vs plain memcpy, by state size",
+    ),
     "swap": (
-        "rlslice._bench.swap",
+        "rlslice.apps.bench.swap",
         "GPU swap of two torch jobs: cuda or app backend vs pinned memcpy",
     ),
     "scale": (
-        "rlslice._bench.scale",
+        "rlslice.apps.bench.scale",
         "acquire overhead and scheduler CPU/RSS at 10 vs 1,000 groups",
     ),
-    "soak": ("rlslice._bench.soak", "random phases, kills and restarts; checks the invariants"),
+    "soak": ("rlslice.apps.bench.soak", "random phases, kills and restarts; checks the invariants"),
 }
 
 

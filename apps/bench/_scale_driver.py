@@ -8,8 +8,8 @@ import random
 import time
 from typing import cast
 
-from rlslice._bench._scale_figures import Result, Samples, plan, summarise, with_stalls
-from rlslice._bench._scale_server import SchedulerProcess, Stalls
+from rlslice.apps.bench._scale_figures import Result, Samples, plan, summarise, with_stalls
+from rlslice.apps.bench._scale_server import SchedulerProcess, Stalls
 
 LEASE_SECONDS = 3600.0  # no keep-alives during the run: leases outlast it
 PROBE_RATE = 20.0
@@ -35,7 +35,7 @@ async def _drive(
 ) -> Result:
     import gc
 
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -1,7 +1,7 @@
 """The scheduler side of `rlslice bench scale`: a scheduler in a child process, with its CPU
 time, resident memory, event-loop lag and collector pauses readable from the driver.
 
-`python -m rlslice._bench._scale_server` starts a scheduler (in-memory store, groups created
+`python -m rlslice.apps.bench._scale_server` starts a scheduler (in-memory store, groups created
 on first Register) and prints its address. Lines on its stdin: `start` and `end` bound the
 measured window; at the end of stdin it prints the window's stall figures (event-loop lag,
 garbage-collector pauses) as one JSON line and stops. RLSLICE_BENCH_PROFILE=path profiles it with cProfile into `path`.
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from rlslice._bench._scale_figures import percentile
+from rlslice.apps.bench._scale_figures import percentile
 
 
 class Stalls:
@@ -122,7 +122,7 @@ class SchedulerProcess:
         if profile:
             env["RLSLICE_BENCH_PROFILE"] = profile
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "rlslice._bench._scale_server"],
+            [sys.executable, "-m", "rlslice.apps.bench._scale_server"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -42,7 +42,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def cli(*args: str) -> list[str]:
     """argv of `rlslice ARGS...` with this interpreter."""
-    return [sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING", *args]
+    return [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", *args]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """One job of `rlslice bench soak`: a driver process and its GPU worker process.
 
-    python -m rlslice._bench._soak_job driver --job J --group G ... --log FILE
-    python -m rlslice._bench._soak_job worker JOB GROUP NODE_DIR DEVICE
+    python -m rlslice.apps.bench._soak_job driver --job J --group G ... --log FILE
+    python -m rlslice.apps.bench._soak_job worker JOB GROUP NODE_DIR DEVICE
 
 The driver holds an `AsyncClient` and runs cycles of random length: acquire, check that the
 worker's device bytes are what they were when the job last let go (sha256), change them
@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from rlslice._worker_pipe import WorkerPipe
+from rlslice.apps.worker_pipe import WorkerPipe
 
 PAGE = 4096
 
@@ -97,7 +97,14 @@ class _Worker(WorkerPipe):
     def __init__(self, args: argparse.Namespace) -> None:
         env = dict(os.environ)
         env["RLSLICE_AGENT_SOCKET"] = args.socket
-        argv = [sys.executable, "-m", "rlslice._bench._soak_job", "worker", args.job, args.group]
+        argv = [
+            sys.executable,
+            "-m",
+            "rlslice.apps.bench._soak_job",
+            "worker",
+            args.job,
+            args.group,
+        ]
         argv += [args.node_dir, str(args.device)]
         super().__init__(argv, env)
 
@@ -257,7 +264,7 @@ def driver_argv(
 ) -> list[str]:
     """argv that starts one driver (and through it, its worker)."""
     return [
-        sys.executable, "-m", "rlslice._bench._soak_job", "driver",
+        sys.executable, "-m", "rlslice.apps.bench._soak_job", "driver",
         "--scheduler", scheduler, "--job", job, "--group", group, "--socket", socket,
         "--node-dir", node_dir, "--device", str(device), "--state-bytes", str(state_bytes),
         "--seed", str(seed), "--log", log, "--lease", repr(lease),

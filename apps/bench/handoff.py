@@ -82,7 +82,7 @@ async def _scheduler(in_process: bool) -> AsyncIterator[str]:
             await running.stop(0)
         return
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    command = [sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING", "scheduler"]
+    command = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "scheduler"]
     command += ["--address", "127.0.0.1:0", "--auto-create-groups"]
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, env=env
@@ -102,7 +102,7 @@ async def _scheduler(in_process: bool) -> AsyncIterator[str]:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 
@@ -221,12 +221,13 @@ async def _handoffs_through_agents(
     import shutil
     import tempfile
 
+    from rlslice.adapters.wire import group_spec_to_proto
     from rlslice.config import GroupSpec
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
     work = Path(tempfile.mkdtemp(prefix="rlslice-bench-"))
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    cli = [sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING"]
+    cli = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]
     processes: list[asyncio.subprocess.Process] = []
     try:
         for i in range(agents):
@@ -252,7 +253,7 @@ async def _handoffs_through_agents(
                 )
             )
         spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50)
-        await stub.PutGroup(pb.PutGroupRequest(spec=spec.to_proto()))
+        await stub.PutGroup(pb.PutGroupRequest(spec=group_spec_to_proto(spec)))
         deadline = time.monotonic() + 30
         while len((await stub.GetGroup(pb.GetGroupRequest(group="bench-agents"))).nodes) < agents:
             if time.monotonic() > deadline:

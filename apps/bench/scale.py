@@ -47,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rlslice._bench._scale_figures import (
+from rlslice.apps.bench._scale_figures import (
     P99_RATIO_TARGET,
     RSS_TARGET_MIB,
     Result,
@@ -113,7 +113,7 @@ def machine() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlslice._bench._scale_driver import measure
+    from rlslice.apps.bench._scale_driver import measure
 
     try:
         counts = parse_groups(args.groups)

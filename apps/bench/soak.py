@@ -95,9 +95,9 @@ def _group_layout(config: SoakConfig) -> tuple[list[str], dict[str, tuple[str, i
 
 async def soak(config: SoakConfig) -> dict[str, Any]:
     """Run a soak; the report (figures and violations) as a dict."""
-    from rlslice._bench._soak_check import check
-    from rlslice._bench._soak_cluster import Cluster
-    from rlslice._bench._soak_job import EventLog
+    from rlslice.apps.bench._soak_check import check
+    from rlslice.apps.bench._soak_cluster import Cluster
+    from rlslice.apps.bench._soak_job import EventLog
 
     temporary = None
     if config.out is None:
@@ -154,7 +154,7 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
 
 
 async def _configure_groups(run: _Run, layout: dict[str, tuple[str, int]]) -> None:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 
@@ -170,8 +170,8 @@ async def _configure_groups(run: _Run, layout: dict[str, tuple[str, int]]) -> No
 
 
 def _start_job(run: _Run, name: str, group: str, node: str, device: int) -> None:
-    from rlslice._bench._soak_cluster import child_env
-    from rlslice._bench._soak_job import driver_argv
+    from rlslice.apps.bench._soak_cluster import child_env
+    from rlslice.apps.bench._soak_job import driver_argv
 
     agent = run.cluster.agents[node]
     run.generation += 1
@@ -280,7 +280,7 @@ async def _stop_jobs(run: _Run) -> None:
 async def _drain(run: _Run) -> None:
     """Once every job is gone, nothing may be left: no job in a group or on an agent, no
     device or parked bytes (dead jobs' leases lapse, agents release their state)."""
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2 as apb
     from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2_grpc
     from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -322,7 +322,7 @@ async def _save_scheduler_events(run: _Run) -> None:
     """Each group's recent scheduler events, beside the event log (for diagnosis)."""
     from google.protobuf.json_format import MessageToDict
 
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -15,7 +15,7 @@ steps, swaps them (snapshot the holder, restore the other) `--swaps` times, and 
 
 The `cuda` backend is driven in-process (`CudaBackend`, as the agent would); `app` through
 a `WorkloadLink` over each worker's pipe to its `TorchOffloader`. No agent is needed.
-`python -m rlslice._bench.swap --worker ...` is the worker.
+`python -m rlslice.apps.bench.swap --worker ...` is the worker.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Worker:
 
     @classmethod
     async def start(cls, args: argparse.Namespace, seed: int) -> Worker:
-        command = [sys.executable, "-m", "rlslice._bench.swap", "--worker", "--seed", str(seed)]
+        command = [sys.executable, "-m", "rlslice.apps.bench.swap", "--worker", "--seed", str(seed)]
         command += ["--gib", str(args.gib), "--device", str(args.device)]
         command += ["--cpu"] if args.cpu else []
         proc = await asyncio.create_subprocess_exec(

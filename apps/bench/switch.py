@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from rlslice.snapshot_agent._cmd import parse_size
+    from rlslice.apps.agent import parse_size
 
     logging.getLogger("rlslice.snapshot_agent").setLevel(logging.WARNING)
 
@@ -140,8 +140,8 @@ async def _one_size(agent: Any, size: int, repeats: int) -> dict[str, Any]:
 
     import numpy as np
 
-    from rlslice._channel import open_channel
     from rlslice._errors import NotFoundError
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2 as apb
     from rlslice.v1alpha1 import agent_pb2_grpc
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import grpc
 
-from rlslice._channel import open_channel
 from rlslice._errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
 from rlslice._ids import validate_id
+from rlslice.adapters.channel import open_channel
 from rlslice.client._backoff import Backoff
 from rlslice.client._local import ENV_AGENT_SOCKET, default_socket_path
 from rlslice.client.offload._http import LocalServer

@@ -140,7 +140,7 @@ def rlslice_up(work: Path, backend: str, env: Mapping[str, str]) -> Iterator[tup
     """`rlslice up` on a free loopback port; yields (scheduler address, agent socket)."""
     address = f"127.0.0.1:{_free_port()}"
     argv = [
-        sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING", "up",
+        sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up",
         "--address", address, "--store", str(work / "scheduler.sqlite"),
         "--socket", str(work / "agent.sock"), "--state-dir", str(work / "agent"),
         "--sim-root", str(work / "sim"), "--backend", backend, "--host-reserve-bytes", "0",
@@ -170,13 +170,14 @@ def put_group(address: str, backend: str, timeout: float = 30.0) -> Any:
     """Create the group (backend, headroom) and wait until the agent takes part in it."""
     import grpc
 
+    from rlslice.adapters.wire import group_spec_to_proto
     from rlslice.config import GroupSpec
     from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
     spec = GroupSpec(name=GROUP, backend=backend, headroom_bytes=HEADROOM_BYTES, lease_seconds=60)
     with grpc.insecure_channel(address) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
-        stub.PutGroup(scheduler_pb2.PutGroupRequest(spec=spec.to_proto()), timeout=10)
+        stub.PutGroup(scheduler_pb2.PutGroupRequest(spec=group_spec_to_proto(spec)), timeout=10)
         deadline = time.monotonic() + timeout
         while True:  # the agent registers with the scheduler on its own schedule
             status = stub.GetGroup(scheduler_pb2.GetGroupRequest(group=GROUP), timeout=10)

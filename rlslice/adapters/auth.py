@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from rlslice._channel import bearer_token
+from rlslice.adapters.channel import bearer_token
 
 
 class Role(enum.StrEnum):

@@ -77,6 +77,27 @@ def token_interceptors(token: str) -> list[Any]:
     return [kind(token) for kind in kinds]
 
 
+def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
+    """grpc server credentials from the files; mutual TLS when `tls.client_ca` is set."""
+    if tls.cert is None or tls.key is None:
+        raise ValueError("tls: a server needs both cert and key")
+    pair = [(tls.key.read_bytes(), tls.cert.read_bytes())]
+    if tls.client_ca is not None:
+        return grpc.ssl_server_credentials(
+            pair, root_certificates=tls.client_ca.read_bytes(), require_client_auth=True
+        )
+    return grpc.ssl_server_credentials(pair)
+
+
+def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
+    """grpc channel credentials from the files."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes() if tls.ca else None,
+        private_key=tls.key.read_bytes() if tls.key else None,
+        certificate_chain=tls.cert.read_bytes() if tls.cert else None,
+    )
+
+
 def open_channel(
     address: str,
     *,
@@ -91,7 +112,7 @@ def open_channel(
         if tls.server_name:
             all_options.append(("grpc.ssl_target_name_override", tls.server_name))
         return grpc.aio.secure_channel(
-            address, tls.channel_credentials(), options=all_options, interceptors=interceptors
+            address, channel_credentials(tls), options=all_options, interceptors=interceptors
         )
     return grpc.aio.insecure_channel(address, options=all_options, interceptors=interceptors)
 
@@ -99,7 +120,7 @@ def open_channel(
 def add_port(server: grpc.aio.Server, address: str, tls: TLSConfig | None) -> int:
     """Bind `server` to `address` with TLS when configured; return the bound port."""
     if tls is not None:
-        return server.add_secure_port(address, tls.server_credentials())
+        return server.add_secure_port(address, server_credentials(tls))
     return server.add_insecure_port(address)
 
 

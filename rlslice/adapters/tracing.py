@@ -1,6 +1,6 @@
 """OpenTelemetry spans for acquire, switch, snapshot and restore; a no-op without OpenTelemetry.
 
-    from rlslice._tracing import ACQUIRE, span
+    from rlslice.adapters.tracing import ACQUIRE, span
 
     with span(ACQUIRE, group="g", job="a") as s:          # or: async with span(...)
         grant = await stub.Acquire(request)

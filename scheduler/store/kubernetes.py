@@ -10,7 +10,7 @@ a config file or a CLI); and the status has one writer already, the operator.
 Writes never block the event loop: `save_group` records the newest state per group and a
 background task writes it (the latest call wins; a failed write is retried). `flush()`
 returns once everything recorded is written. `KubeAPI` (from the shared kernel,
-`rlslice._kube`) is the small aiohttp client this store, the leader election and the
+`rlslice.adapters.kube`) is the small aiohttp client this store, the leader election and the
 agent's Kubernetes mode share; it is re-exported here.
 """
 
@@ -22,7 +22,7 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from rlslice._kube import KubeAPI, KubeError, namespace_in_cluster
+from rlslice.adapters.kube import KubeAPI, KubeError, namespace_in_cluster
 from rlslice.scheduler.core import GroupState
 from rlslice.scheduler.store.base import AgentRecord, Loaded
 from rlslice.scheduler.store.codec import decode_group, encode_group

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.snapshot_agent import AgentSettings, RunningAgent, SimSettings, start_agent
 from rlslice.v1alpha1 import agent_pb2_grpc
 

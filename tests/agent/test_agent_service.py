@@ -25,8 +25,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlslice._channel import open_channel
 from rlslice._errors import InvalidArgumentError
+from rlslice.adapters.channel import open_channel
 from rlslice.snapshot_agent import AgentSettings, RunningAgent, start_agent
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
@@ -75,7 +75,7 @@ async def test_an_agent_killed_mid_snapshot_leaves_the_job_running_after_its_res
 ) -> None:
     settings = make_settings("n2", sim={"rate_gbps": 0.02})  # 32 MiB take 1.7 s
     args = [
-        sys.executable, "-m", "rlslice._cli", "agent", "--node", "n2",
+        sys.executable, "-m", "rlslice.apps", "agent", "--node", "n2",
         "--address", "127.0.0.1:0", "--socket", str(settings.socket_path),
         "--state-dir", str(settings.state_dir), "--sim-root", str(settings.sim.root),
         "--sim-capacity", "64MiB", "--sim-rate-gbps", "0.02", "--host-reserve", "0",

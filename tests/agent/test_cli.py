@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rlslice._cli import main
-from rlslice.snapshot_agent import _cmd
+from rlslice.apps import agent as _cmd
+from rlslice.apps.cli import main
 
 GiB = 1 << 30
 

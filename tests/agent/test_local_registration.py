@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.snapshot_agent import AgentSettings, RunningAgent, start_agent
 from rlslice.snapshot_agent.backends.base import OffloadAction
 from rlslice.snapshot_agent.peercred import SocketInUseError
@@ -183,7 +183,7 @@ async def test_rlslice_run_launches_the_command_registered_with_the_jobs_environ
         "sys.exit(7)\n"
     )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlslice._cli", "run", "--job", "job-r", "--group", "g1",
+        sys.executable, "-m", "rlslice.apps", "run", "--job", "job-r", "--group", "g1",
         "--agent-socket", str(agent.socket_path), "--scheduler", "127.0.0.1:1",
         "--", sys.executable, "-c", script,
         stdin=asyncio.subprocess.PIPE,
@@ -207,7 +207,7 @@ async def test_rlslice_run_launches_the_command_registered_with_the_jobs_environ
 
 async def test_rlslice_run_forwards_sigterm_to_the_command(agent: RunningAgent) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlslice._cli", "run", "--job", "job-r", "--group", "g1",
+        sys.executable, "-m", "rlslice.apps", "run", "--job", "job-r", "--group", "g1",
         "--agent-socket", str(agent.socket_path), "--",
         sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
         stdout=asyncio.subprocess.PIPE,

@@ -186,7 +186,7 @@ async def test_bad_input_is_refused_naming_the_field_and_changes_nothing(
 async def test_a_snapshot_host_memory_cannot_take_is_refused_and_the_job_keeps_running(
     make_settings: Callable[..., AgentSettings], spawn_job: Callable[..., Any]
 ) -> None:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2_grpc
 
     greedy = await start_agent(make_settings("n2", host_reserve_bytes=1 << 50))
@@ -235,7 +235,7 @@ async def test_a_restore_into_a_full_device_is_refused_and_the_job_stays_parked(
 async def test_the_copy_rate_paces_a_move(
     make_settings: Callable[..., AgentSettings], spawn_job: Callable[..., Any]
 ) -> None:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2_grpc
 
     slow = await start_agent(make_settings("n2", sim={"rate_gbps": 0.2, "overhead_seconds": 0.05}))

@@ -421,7 +421,7 @@ def _parse(
 def test_the_operator_reads_every_variable_the_chart_sets(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rlslice.operator import _cmd
+    from rlslice.apps import operator as _cmd
 
     workload = find(request.getfixturevalue(which), "Deployment", "operator")
     env = _literal_env(workload)
@@ -446,7 +446,7 @@ AGENT_RENAMED = {
 def test_the_agent_reads_every_variable_the_chart_sets(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rlslice.snapshot_agent import _cmd
+    from rlslice.apps import agent as _cmd
 
     workload = find(request.getfixturevalue(which), "DaemonSet", "agent")
     env = _literal_env(workload)
@@ -468,7 +468,7 @@ def test_the_agent_reads_every_variable_the_chart_sets(
 def test_the_scheduler_reads_every_variable_the_chart_sets(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rlslice.scheduler import _cmd
+    from rlslice.apps import scheduler as _cmd
 
     workload = find(request.getfixturevalue(which), "Deployment", "scheduler")
     env = _literal_env(workload)

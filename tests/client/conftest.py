@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from rlslice.client.testing import TestScheduler, scheduler_for_tests
+from rlslice.testing import TestScheduler, scheduler_for_tests
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 

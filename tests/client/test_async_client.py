@@ -23,8 +23,8 @@ import pytest
 
 from rlslice._errors import DeadlineExceededError, FailedPreconditionError
 from rlslice.client import AsyncClient, Grant
-from rlslice.client.testing import TestScheduler, scheduler_for_tests
 from rlslice.config import GroupSpec
+from rlslice.testing import TestScheduler, scheduler_for_tests
 
 from .conftest import eventually
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from rlslice._channel import open_channel
 from rlslice._errors import UnavailableError
+from rlslice.adapters.channel import open_channel
 from rlslice.client import AsyncClient
-from rlslice.client.testing import TestScheduler
 from rlslice.snapshot_agent import AgentSettings, RunningAgent, SimSettings, start_agent
+from rlslice.testing import TestScheduler
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
 

@@ -32,7 +32,7 @@ from rlslice._errors import (
     NotFoundError,
 )
 from rlslice.client import AsyncClient, Client, Grant
-from rlslice.client.testing import SchedulerForTests, TestScheduler, scheduler_for_tests
+from rlslice.testing import SchedulerForTests, TestScheduler, scheduler_for_tests
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 from .conftest import eventually

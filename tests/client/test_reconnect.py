@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlslice.client import AsyncClient
-from rlslice.client.testing import TestScheduler, scheduler_for_tests
+from rlslice.testing import TestScheduler, scheduler_for_tests
 
 from .conftest import eventually
 

@@ -20,8 +20,8 @@ import pytest
 
 from rlslice._errors import DeadlineExceededError, UnauthenticatedError
 from rlslice.client import AsyncClient
-from rlslice.client.testing import TestScheduler, scheduler_for_tests
 from rlslice.config import TLSConfig
+from rlslice.testing import TestScheduler, scheduler_for_tests
 
 JOB_TOKEN = "job-token-for-tests"
 ADMIN_TOKEN = "admin-token-for-tests"

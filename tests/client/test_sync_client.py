@@ -23,8 +23,8 @@ import pytest
 
 from rlslice._errors import DeadlineExceededError, FailedPreconditionError
 from rlslice.client import Client
-from rlslice.client.testing import SchedulerForTests
 from rlslice.config import GroupSpec
+from rlslice.testing import SchedulerForTests
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 

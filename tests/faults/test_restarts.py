@@ -150,8 +150,8 @@ async def test_a_starting_scheduler_answers_unavailable_until_its_state_is_loade
     twice) and, in the soak, ended with two jobs believing they held one group."""
     import grpc
 
-    from rlslice._channel import open_channel
-    from rlslice.client.testing import scheduler_for_tests
+    from rlslice.adapters.channel import open_channel
+    from rlslice.testing import scheduler_for_tests
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 

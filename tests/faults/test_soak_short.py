@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from rlslice._bench.soak import SoakConfig, soak
+from rlslice.apps.bench.soak import SoakConfig, soak
 
 
 async def test_a_short_soak_with_kills_and_restarts_keeps_every_invariant() -> None:

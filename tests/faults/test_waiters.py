@@ -18,7 +18,7 @@ import pytest
 
 from rlslice import DeadlineExceededError
 from rlslice.client import AsyncClient, Client
-from rlslice.client.testing import TestScheduler, scheduler_for_tests
+from rlslice.testing import TestScheduler, scheduler_for_tests
 
 
 async def _give_up_by_timeout(client: AsyncClient) -> None:
@@ -107,7 +107,7 @@ async def test_a_grant_whose_answer_was_lost_but_then_confirmed_is_not_given_bac
     for it (the soak found both happening: two jobs believed they held the group)."""
     import grpc
 
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -196,7 +196,7 @@ def agent_settings(tmp_path: Path) -> object:
 
 
 async def _move(address: str, action: str, epoch: int) -> object:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
     async with open_channel(address) as channel:
@@ -308,7 +308,7 @@ async def test_an_offload_thread_says_when_the_agent_can_switch_the_job(
 async def test_a_snapshot_waits_for_a_workload_stream_that_is_still_attaching(
     agent_settings: object,
 ) -> None:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.snapshot_agent.agent import start_agent
     from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import rlslice_gpu_fakes as fakes
 
-RLSLICE = [sys.executable, "-m", "rlslice._cli"]
+RLSLICE = [sys.executable, "-m", "rlslice.apps"]
 ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
 
 
@@ -43,7 +43,7 @@ def test_the_swap_bench_without_a_gpu_says_so(capsys: pytest.CaptureFixture[str]
     if fakes.no_gpu_reason() is None:
         pytest.skip("a GPU is present here")
     pytest.importorskip("torch")
-    from rlslice._bench import swap
+    from rlslice.apps.bench import swap
 
     parser = argparse.ArgumentParser()
     swap.configure(parser)

@@ -33,7 +33,7 @@ def _run_demo(out: Path) -> tuple[dict[str, Any], str]:
         [
             sys.executable,
             "-m",
-            "rlslice._cli",
+            "rlslice.apps",
             "demo",
             "--seconds",
             str(SECONDS),

@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = ROOT / "examples" / "quickstart" / "train_loop.py"
 ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
-CLI = [sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING"]
+CLI = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]
 
 
 def _port() -> int:

@@ -22,6 +22,7 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
+from rlslice.adapters.wire import group_spec_from_proto
 from rlslice.config import GroupSpec, load_group_config
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -38,7 +39,7 @@ def _port() -> int:
 def test_up_creates_the_configured_groups_before_any_job_registers(tmp_path: Path) -> None:
     address = f"127.0.0.1:{_port()}"
     argv = [
-        sys.executable, "-m", "rlslice._cli", "--log-level", "WARNING", "up",
+        sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up",
         "--address", address, "--store", str(tmp_path / "s.db"),
         "--socket", str(tmp_path / "agent.sock"), "--state-dir", str(tmp_path / "agent"),
         "--sim-root", str(tmp_path / "sim"), "--host-reserve-bytes", "0",
@@ -60,7 +61,7 @@ def test_up_creates_the_configured_groups_before_any_job_registers(tmp_path: Pat
                     if time.monotonic() > deadline:
                         raise AssertionError(f"no group grpo-tiny: {error}") from None
                     time.sleep(0.1)
-        spec = GroupSpec.from_proto(status.spec)
+        spec = group_spec_from_proto(status.spec)
         assert (spec.backend, spec.headroom_bytes, spec.lease_seconds) == ("app", 1 << 50, 60)
         assert list(status.jobs) == []
     finally:

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlslice.client.testing import SchedulerForTests
 from rlslice.integrations import _clients
+from rlslice.testing import SchedulerForTests
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlslice.client.testing import SchedulerForTests
+from rlslice.testing import SchedulerForTests
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 BLOCK = re.compile(r"(<!-- doc-test: run -->\n)?```python\n(.*?)```", re.DOTALL)

@@ -32,7 +32,6 @@ import pytest
 
 from rlslice._errors import FailedPreconditionError, InvalidArgumentError
 from rlslice.client import AsyncClient, Client
-from rlslice.client.testing import SchedulerForTests
 from rlslice.integrations import ray as rlslice_ray
 from rlslice.integrations.ray import (
     aclose_process_clients,
@@ -40,6 +39,7 @@ from rlslice.integrations.ray import (
     process_async_client,
     process_client,
 )
+from rlslice.testing import SchedulerForTests
 
 EXPORTS = {
     "ClientSource",

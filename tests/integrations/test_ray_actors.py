@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rlslice.client.testing import SchedulerForTests
+from rlslice.testing import SchedulerForTests
 
 ray = pytest.importorskip("ray")
 

@@ -29,9 +29,9 @@ import pytest
 
 from rlslice._errors import InvalidArgumentError
 from rlslice.client import Client
-from rlslice.client.testing import SchedulerForTests
 from rlslice.integrations import trl as rlslice_trl
 from rlslice.integrations.trl import GpuPhaseCallback
+from rlslice.testing import SchedulerForTests
 
 ARGS = SimpleNamespace(save_strategy="steps")
 

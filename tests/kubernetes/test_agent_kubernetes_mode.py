@@ -33,10 +33,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlslice._channel import open_channel
 from rlslice._ids import is_valid_id
-from rlslice._kube import KubeAPI
 from rlslice._nodes import node_label
+from rlslice.adapters.channel import open_channel
+from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
 from rlslice.scheduler import SchedulerSettings, start_scheduler
 from rlslice.snapshot_agent import AgentSettings, SimSettings
@@ -432,7 +432,7 @@ async def test_the_command_runs_in_kubernetes_mode_and_stops_on_sigterm(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "rlslice._cli",
+        "rlslice.apps",
         "agent",
         env=env,
         stdout=asyncio.subprocess.PIPE,

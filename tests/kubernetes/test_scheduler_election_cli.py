@@ -21,9 +21,9 @@ import kmock
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
+from rlslice.apps import scheduler as _cmd
 from rlslice.config import GroupSpec
-from rlslice.scheduler import _cmd
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
 from .conftest import NS, eventually

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rlslice import _tracing
+from rlslice.adapters import tracing as _tracing
 from rlslice.client import AsyncClient
 from rlslice.config import GroupSpec
 from rlslice.scheduler import SchedulerSettings, start_scheduler

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlslice._bench._scale_figures import (
+from rlslice.apps.bench._scale_figures import (
     DEMAND,
     P99_RATIO_TARGET,
     RSS_TARGET_MIB,
@@ -36,7 +36,7 @@ from rlslice._bench._scale_figures import (
     summarise,
     verdict,
 )
-from rlslice._cli import main
+from rlslice.apps.cli import main
 
 MiB = 2**20
 

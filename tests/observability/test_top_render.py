@@ -23,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from rlslice._top import (
+from rlslice.apps.top import (
     RECENT_SWITCHES,
     GroupView,
     JobView,
@@ -33,7 +33,7 @@ from rlslice._top import (
     human_bytes,
     render,
 )
-from rlslice._trace_export import Event
+from rlslice.apps.trace_export import Event
 from rlslice.v1alpha1 import scheduler_pb2
 
 GiB = 1024**3

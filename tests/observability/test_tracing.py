@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from rlslice import _tracing
-from rlslice._tracing import ACQUIRE, RESTORE, SNAPSHOT, SPAN_NAMES, SWITCH, span
+from rlslice.adapters import tracing as _tracing
+from rlslice.adapters.tracing import ACQUIRE, RESTORE, SNAPSHOT, SPAN_NAMES, SWITCH, span
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_spans_reach_the_global_provider_the_application_sets(tmp_path: os.PathL
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import SimpleSpanProcessor
         from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-        from rlslice._tracing import span
+        from rlslice.adapters.tracing import span
         early = span("rlslice.switch")  # looked up before the provider exists: a proxy
         memory = InMemorySpanExporter()
         provider = TracerProvider()

@@ -25,7 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
+from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.config import GroupSpec
 from rlslice.scheduler import SchedulerSettings
 from rlslice.scheduler.core import GroupState
@@ -212,7 +213,9 @@ async def test_one_replica_serves_and_the_other_takes_over_with_the_state(
         async with open_channel(leader.address) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             await stub.PutGroup(
-                scheduler_pb2.PutGroupRequest(spec=GroupSpec(name="g", backend="sim").to_proto())
+                scheduler_pb2.PutGroupRequest(
+                    spec=group_spec_to_proto(GroupSpec(name="g", backend="sim"))
+                )
             )
             holder = await stub.Register(
                 scheduler_pb2.RegisterRequest(job="a", group="g", lease_seconds=60)

@@ -44,7 +44,7 @@ def group(name: str = "rl-a", **spec: Any) -> dict[str, Any]:
 
 
 async def scheduler_group(scheduler: Scheduler, name: str) -> scheduler_pb2.GroupStatus | None:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
 
     async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -153,7 +153,7 @@ async def test_the_timer_puts_back_a_group_the_scheduler_lost(
 ) -> None:
     await k8s.post(TSG_URL, json=group())
     await eventually(lambda: ready(k8s, "rl-a"), what="Ready status")
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
 
     async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -218,7 +218,7 @@ async def test_a_pod_admission_request_gets_the_patch_mutate_computes(
 
 async def hold(scheduler: Scheduler, group_name: str, job: str) -> scheduler_pb2.RegisterResponse:
     """Register `job` and acquire the group with the real protocol; the lease proves it."""
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
 
     async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -237,7 +237,7 @@ async def hold(scheduler: Scheduler, group_name: str, job: str) -> scheduler_pb2
 async def release(
     scheduler: Scheduler, group_name: str, job: str, lease: scheduler_pb2.RegisterResponse
 ) -> None:
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
 
     async with open_channel(scheduler.address, token=ADMIN_TOKEN) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from rlslice._errors import InvalidArgumentError
+from rlslice.adapters.wire import group_spec_from_proto, group_spec_to_proto
 from rlslice.config import GroupSpec, JobSpec, Policy
 from rlslice.operator.spec import group_spec
 
@@ -82,4 +83,4 @@ def test_a_bad_field_is_refused_with_its_name(name: str, spec: dict, field: str)
 
 def test_the_spec_round_trips_through_the_wire_form() -> None:
     spec = group_spec("rl-a", {"policy": "fair", "jobs": [{"name": "a", "weight": 3}]})
-    assert GroupSpec.from_proto(spec.to_proto()) == spec
+    assert group_spec_from_proto(group_spec_to_proto(spec)) == spec

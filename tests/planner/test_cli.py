@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlslice._cli import main
+from rlslice.apps.cli import main
 from rlslice.planner.scheduler_metrics import (
     ALL_GROUPS,
     FALLBACK,

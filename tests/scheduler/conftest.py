@@ -154,7 +154,7 @@ class Live:
 @contextlib.asynccontextmanager
 async def live_scheduler(token: str | None = None, **settings: Any) -> AsyncIterator[Live]:
     """A scheduler on 127.0.0.1:0 (auto-creating groups unless told otherwise)."""
-    from rlslice._channel import open_channel
+    from rlslice.adapters.channel import open_channel
     from rlslice.scheduler import SchedulerSettings, start_scheduler
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from rlslice import _cmd_status
-from rlslice._bench import handoff
+from rlslice.apps import scheduler as _cmd
+from rlslice.apps import status as _cmd_status
+from rlslice.apps.bench import handoff
 from rlslice.config import Policy
-from rlslice.scheduler import _cmd
 
 
 def _parse(module: Any, argv: list[str]) -> argparse.Namespace:
@@ -66,7 +66,7 @@ def test_flags_env_token_files_and_group_config_become_settings(
 
 async def test_the_scheduler_command_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    command = [sys.executable, "-m", "rlslice._cli", "scheduler", "--address", "127.0.0.1:0"]
+    command = [sys.executable, "-m", "rlslice.apps", "scheduler", "--address", "127.0.0.1:0"]
     command += ["--store", str(tmp_path / "s.db"), "--auto-create-groups"]
     process = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env

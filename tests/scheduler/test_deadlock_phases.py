@@ -1,5 +1,5 @@
 """Deadlock detection as a job sees it: clients nesting single-group phases in opposite
-orders, against a real scheduler on loopback (`rlslice.client.testing`).
+orders, against a real scheduler on loopback (`rlslice.testing`).
 
 Cases:
 - job a enters g1 then g2, job b g2 then g1, a barrier making both hold their first group:
@@ -16,7 +16,7 @@ import threading
 
 from rlslice._errors import AbortedError
 from rlslice.client import AsyncClient, Client
-from rlslice.client.testing import SchedulerForTests, scheduler_for_tests
+from rlslice.testing import SchedulerForTests, scheduler_for_tests
 
 ROUNDS = 3
 

@@ -23,7 +23,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc

@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -28,7 +28,7 @@ import grpc
 import pytest
 
 from rlslice import InvalidArgumentError
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.client._local import register_with_agent_async
 from rlslice.scheduler import SchedulerSettings
 from rlslice.snapshot_agent import AgentSettings

@@ -84,7 +84,7 @@ async def test_start_scheduler_refuses_before_binding_the_port() -> None:
 
 def _scheduler(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "rlslice._cli", "scheduler", *args],
+        [sys.executable, "-m", "rlslice.apps", "scheduler", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel, server_credentials
 from rlslice.client import AsyncClient
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.v1alpha1 import agent_pb2 as apb
@@ -125,14 +125,14 @@ def test_a_server_tls_config_without_cert_or_key_is_refused(pki: Pki, field: str
     fields = {"cert": pki.server_cert, "key": pki.server_key}
     del fields[field]
     with pytest.raises(ValueError, match="cert and key"):
-        TLSConfig(**fields).server_credentials()
+        server_credentials(TLSConfig(**fields))
 
 
 async def test_the_agent_command_line_carries_a_client_certificate_to_the_scheduler(
     pki: Pki, agent_dirs: Callable[[str], dict[str, Any]]
 ) -> None:
-    from rlslice._cli import build_parser
-    from rlslice.snapshot_agent._cmd import settings_from
+    from rlslice.apps.agent import settings_from
+    from rlslice.apps.cli import build_parser
 
     def agent_args(*extra: str) -> Any:
         return build_parser().parse_args(["agent", "--node", "n1", *extra])

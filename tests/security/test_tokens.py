@@ -25,7 +25,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlslice import FailedPreconditionError
-from rlslice._channel import open_channel
+from rlslice.adapters.channel import open_channel
 from rlslice.client import AsyncClient
 from rlslice.config import GroupSpec
 from rlslice.v1alpha1 import agent_pb2 as apb
