@@ -246,7 +246,7 @@ def elected_scheduler(settings: Any, election: Election) -> Any:
     from rlslice.scheduler.leader import ElectedScheduler, LeaseElector
 
     elector = LeaseElector(
-        KubeAPI.in_cluster(),
+        KubeAPI.from_environment(),
         election.namespace,
         election.name,
         election.identity,

@@ -342,7 +342,7 @@ async def start_kubernetes_agent(
     the node's own. A node whose labels cannot be read still gets an agent (jobs run; group
     node selectors just do not match it), with an error in the log.
     """
-    api = api or KubeAPI.in_cluster()
+    api = api or KubeAPI.from_environment()
     try:
         labels = await node_labels(api, kube.node_name)
     except KubeError as error:

@@ -10,8 +10,8 @@ a config file or a CLI); and the status has one writer already, the operator.
 Writes never block the event loop: `save_group` records the newest state per group and a
 background task writes it (the latest call wins; a failed write is retried). `flush()`
 returns once everything recorded is written. `KubeAPI` (from the shared kernel,
-`rlslice.adapters.kube`) is the small aiohttp client this store, the leader election and the
-agent's Kubernetes mode share; it is re-exported here.
+`rlslice.adapters.kube`, on `kubernetes_asyncio`) is the client this store, the leader
+election and the agent's Kubernetes mode share; it is re-exported here.
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ class KubernetesStore:
 
     @classmethod
     def from_spec(cls, spec: str) -> KubernetesStore:
-        """`kubernetes` or `kubernetes:<prefix>`, in this pod's namespace."""
+        """`kubernetes` or `kubernetes:<prefix>`, in this pod's namespace (outside a pod:
+        the kubeconfig's cluster, namespace `RLSLICE_NAMESPACE` or `default`)."""
         _, _, prefix = spec.partition(":")
-        return cls(KubeAPI.in_cluster(), namespace_in_cluster(), prefix or "rlslice-scheduler")
+        api = KubeAPI.from_environment()
+        return cls(api, namespace_in_cluster(), prefix or "rlslice-scheduler")
 
     # --- names -------------------------------------------------------------------------
 
