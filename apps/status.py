@@ -67,35 +67,60 @@ async def _fetch(args: argparse.Namespace) -> list[Any]:
         return list(answer.groups)
 
 
-def _table(groups: list[Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+_COLUMNS = (
+    "group",
+    "phase",
+    "holder",
+    "queue",
+    "resident",
+    "parked",
+    "epoch",
+    "last switch",
+    "switches",
+    "busy",
+)
 
-    table = Table(title="rlslice groups")
-    for column in (
-        "group",
-        "phase",
-        "holder",
-        "queue",
-        "resident",
-        "parked",
-        "epoch",
-        "last switch",
-        "busy",
-    ):
-        table.add_column(column)
+
+def _rows(groups: list[Any]) -> list[tuple[str, ...]]:
+    rows = []
     for g in groups:
         last = f"{g.last_switch_seconds * 1000:.1f} ms" if g.switches else "-"
-        table.add_row(
-            g.spec.name,
-            g.phase,
-            g.holder or "-",
-            ", ".join(g.queue) or "-",
-            ", ".join(g.resident) or "-",
-            ", ".join(g.parked) or "-",
-            str(g.epoch),
-            last,
-            str(g.switches),
-            f"{g.busy_fraction:.0%}",
+        rows.append(
+            (
+                g.spec.name,
+                g.phase,
+                g.holder or "-",
+                ", ".join(g.queue) or "-",
+                ", ".join(g.resident) or "-",
+                ", ".join(g.parked) or "-",
+                str(g.epoch),
+                last,
+                str(g.switches),
+                f"{g.busy_fraction:.0%}",
+            )
         )
+    return rows
+
+
+def _table(groups: list[Any]) -> None:
+    """A rich table where rich is installed (the console extra), else aligned plain text:
+    the base install a training job has must show status too."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ModuleNotFoundError:
+        lines = [_COLUMNS, *_rows(groups)]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS))]
+        for line in lines:
+            print(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+                ).rstrip()
+            )
+        return
+    table = Table(title="rlslice groups")
+    for column in _COLUMNS:
+        table.add_column(column)
+    for row in _rows(groups):
+        table.add_row(*row)
     Console().print(table)
