@@ -19,6 +19,7 @@ from rlslice._errors import (
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
+    UnavailableError,
 )
 from rlslice._ids import validate_seconds
 from rlslice.adapters.tracing import ACQUIRE, span
@@ -26,7 +27,14 @@ from rlslice.client._agent import register_with_local_agent
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
 from rlslice.client._leases import LEASE_UNKNOWN, Lease, Leases, YieldRequestedCallback
-from rlslice.client._phase import AsyncGroupsPhase, AsyncPhase, canonical_groups, validate_phase
+from rlslice.client._phase import (
+    LAPSED_YIELD_SECONDS,
+    AsyncGroupsPhase,
+    AsyncPhase,
+    canonical_groups,
+    lock_lost,
+    validate_phase,
+)
 from rlslice.client._results import Grant, YieldResult
 from rlslice.client._settings import ClientSettings, resolve_settings
 from rlslice.config import TLSConfig
@@ -251,6 +259,10 @@ class AsyncClient:
         self._check_open()
         if self._conn is None:
             return YieldResult(0, False, disabled=True)
+        return await self._yield(group_id, None)
+
+    async def _yield(self, group_id: str, deadline: float | None) -> YieldResult:
+        assert self._conn is not None
         lease = self._lease_of(group_id)
         if lease is None:
             raise FailedPreconditionError(
@@ -260,7 +272,10 @@ class AsyncClient:
             job=self.job, group=group_id, lease_id=lease.lease_id, secret=lease.secret
         )
         try:
-            answer = await self._conn.call("Yield", request, pb.YieldResponse)
+            retry = None if deadline is None else math.inf
+            answer = await self._conn.call(
+                "Yield", request, pb.YieldResponse, deadline=deadline, retry_seconds=retry
+            )
         except RpcFailed as failed:
             if failed.code == grpc.StatusCode.FAILED_PRECONDITION and failed.retried:
                 # The first attempt landed before the scheduler went away: already yielded.
@@ -334,6 +349,9 @@ class AsyncClient:
                 hold.grant = await self.acquire(group=group, phase=name)
                 lease = self._lease_of(group)
                 hold.generation = lease.generation if lease is not None else 0
+            else:
+                # A nested phase is the job's next call under the hold: a lost lock says so.
+                self._check_hold(group, hold)
             hold.count += 1
             assert hold.grant is not None
             return hold.grant
@@ -344,28 +362,37 @@ class AsyncClient:
             hold.count -= 1
             if hold.count > 0:
                 return
+            grant, hold.grant = hold.grant, None
+            self._check_hold(group, hold, grant)
+            if self._closed or self._conn is None:
+                return
             lease = self._lease_of(group)
-            if lease is not None and lease.generation != hold.generation:
-                log.warning(
-                    "job %r lost group %r during a phase (its lease lapsed): nothing to yield",
-                    self.job,
-                    group,
-                )
-                return
-            if self._closed:
-                return
+            loop = asyncio.get_running_loop()
+            lapsed = lease is not None and lease.lapsed(loop.time())
+            # Past the lease deadline with no renewal answered, a long retry would only hide
+            # the loss: try briefly, then report it.
+            deadline = loop.time() + LAPSED_YIELD_SECONDS if lapsed else None
             try:
-                await self.yield_(group)
+                await self._yield(group, deadline)
             except (NotFoundError, PermissionDeniedError) as error:
-                # The scheduler no longer knows the lease (it restarted without it, or it
-                # lapsed; the keep-alive may be registering again right now): the lock is
-                # lost already, so there is nothing to give back.
-                log.warning(
-                    "job %r lost group %r during a phase (%s): nothing to yield",
-                    self.job,
-                    group,
-                    error,
-                )
+                # The scheduler no longer knows the lease (it lapsed, or a scheduler with an
+                # in-memory store restarted without it): someone else may hold the group.
+                raise lock_lost(self.job, group, grant, str(error)) from None
+            except (UnavailableError, DeadlineExceededError) as error:
+                if not lapsed:
+                    raise
+                raise lock_lost(
+                    self.job, group, grant, f"the scheduler is unreachable past the lease: {error}"
+                ) from None
+
+    def _check_hold(self, group: str, hold: _Hold, grant: Grant | None = None) -> None:
+        """Raise LockLostError when the lease the hold was granted under is gone."""
+        lease = self._lease_of(group)
+        if lease is not None and lease.generation != hold.generation:
+            log.warning("job %r lost group %r during a phase (its lease lapsed)", self.job, group)
+            raise lock_lost(
+                self.job, group, grant or hold.grant, "its lease lapsed and was registered again"
+            )
 
     async def _enter_phases(self, name: str, groups: tuple[str, ...]) -> dict[str, Grant]:
         """Enter each group's phase in the given (canonical) order; on any failure leave

@@ -3,7 +3,9 @@
 The keep-alive of a lease runs every third of its ttl; it carries the scheduler's
 `yield_requested` back to the job. A lease the scheduler no longer knows (it lapsed, or a
 scheduler with an in-memory store restarted) is registered again; a lock held under the
-old lease is gone, which `generation` lets a phase notice.
+old lease is gone, which `generation` lets a phase notice. `expires_at` is the client's own
+conservative view of the lease deadline: a phase that finds it passed while the scheduler
+cannot be reached knows its lock may be lost (the scheduler fences the job then).
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ class Lease:
     yield_requested: bool = False
     preempt_in_seconds: float = 0.0
     task: asyncio.Task[None] | None = None
+    expires_at: float = math.inf
+    """Loop time by which the scheduler lapses the lease unless a renewal reaches it: the
+    send time of the last answered Register or KeepAlive plus the ttl it answered. Never
+    later than the scheduler's own deadline (it started counting on receipt)."""
+
+    def lapsed(self, now: float) -> bool:
+        """Whether the scheduler may have lapsed the lease by `now` (no renewal answered)."""
+        return now >= self.expires_at
 
 
 class Leases:
@@ -84,8 +94,10 @@ class Leases:
         async with self._locks.setdefault(group, asyncio.Lock()):
             lease = self._leases.get(group)
             if lease is None:
+                sent = asyncio.get_running_loop().time()
                 answer = await self._register(group, deadline)
                 lease = Lease(group, answer.lease_id, answer.secret, answer.lease_seconds)
+                lease.expires_at = sent + answer.lease_seconds
                 if self._closing:  # closed while registering: give the lease straight back
                     await self._unregister(lease)
                     raise FailedPreconditionError("client: closed")
@@ -102,9 +114,11 @@ class Leases:
                 return
             if self._closing:
                 raise FailedPreconditionError("client: closed")
+            sent = asyncio.get_running_loop().time()
             answer = await self._register(lease.group, deadline)
             lease.lease_id, lease.secret = answer.lease_id, answer.secret
             lease.ttl = answer.lease_seconds
+            lease.expires_at = sent + answer.lease_seconds
             lease.generation += 1
             lease.yield_requested = False
             log.warning(
@@ -162,6 +176,7 @@ class Leases:
         while True:
             await asyncio.sleep(max(MIN_KEEPALIVE_INTERVAL, lease.ttl / 3))
             generation = lease.generation
+            sent = loop.time()
             request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
             try:
                 # Retry through a restart for up to one ttl; the next tick tries again.
@@ -180,6 +195,8 @@ class Leases:
                 continue
             if answer.ttl_seconds > 0:
                 lease.ttl = answer.ttl_seconds
+            if lease.generation == generation:
+                lease.expires_at = sent + answer.ttl_seconds
             self._note_yield_request(lease, answer)
 
     async def _renew_quietly(self, lease: Lease, generation: int) -> None:

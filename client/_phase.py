@@ -7,6 +7,9 @@ leave yields, so a job's threads or tasks share the lock the job holds. The logi
 `client.phase(name, groups=[...])` holds several groups for one block. They are entered in
 one canonical order (sorted by id) whatever order the caller lists, so two jobs that need
 the same groups can never each hold one and wait for the other.
+
+A phase whose lock was lost meanwhile (its lease lapsed: a partition, a stall) raises
+`LockLostError` at the job's next call under it (a nested phase) or at its exit.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from rlslice._errors import InvalidArgumentError
+from rlslice._errors import InvalidArgumentError, LockLostError
 from rlslice._ids import validate_id
 from rlslice.client._results import Grant
 
@@ -30,6 +33,22 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 MAX_PHASE_LENGTH = 63
+#: Seconds a phase ending past its lease deadline (no renewal answered) tries its Yield
+#: before it reports the lock lost.
+LAPSED_YIELD_SECONDS = 2.0
+
+
+def lock_lost(job: str, group: str, grant: Grant | None, why: str) -> LockLostError:
+    """The error a phase raises when the lock it was granted is gone."""
+    epoch = grant.epoch if grant is not None else 0
+    return LockLostError(
+        f"group: job {job!r} lost the lock of group {group!r} granted at epoch {epoch} during "
+        f"its phase ({why}); its GPU work was fenced before anyone else was granted: do not "
+        "commit what it did since, acquire again to resume",
+        group=group,
+        job=job,
+        epoch=epoch,
+    )
 
 
 def validate_phase(name: object) -> str:

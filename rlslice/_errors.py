@@ -57,3 +57,20 @@ class AbortedError(RlsliceError):
 
 class InternalError(RlsliceError):
     """A bug or an unexpected failure on the server side."""
+
+
+class LockLostError(AbortedError):
+    """The job lost a group's lock while it believed it held it: its lease lapsed (a
+    partition from the scheduler, a stall) and the group may be someone else's now.
+
+    Raised by a phase at its next call or at its exit. The job's GPU work was fenced
+    (frozen or parked on every node of the group) before anyone else was granted; work
+    done since `epoch` must not be committed. Acquire again to resume.
+    """
+
+    def __init__(self, message: str, *, group: str = "", job: str = "", epoch: int = 0) -> None:
+        super().__init__(message)
+        self.group = group
+        self.job = job
+        self.epoch = epoch
+        """The epoch of the grant that was lost (its fencing token)."""

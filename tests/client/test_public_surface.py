@@ -55,3 +55,9 @@ def test_the_async_calls_are_coroutines_and_the_sync_ones_are_not() -> None:
     assert list(inspect.signature(Client).parameters) == list(
         inspect.signature(AsyncClient).parameters
     )
+
+
+def test_a_lost_lock_is_an_aborted_call_that_names_group_and_epoch() -> None:
+    lost = rlslice.LockLostError("lost", group="g", job="j", epoch=7)
+    assert isinstance(lost, rlslice.AbortedError)
+    assert (lost.group, lost.job, lost.epoch) == ("g", "j", 7)

@@ -5,9 +5,9 @@ Cases:
   its place; the holder's yield after the restart hands the group over;
 - in-memory store: the restarted scheduler forgot every lease; the next acquire registers
   again and is granted, and the keep-alive registers a lease again by itself;
-- a phase whose lease was lost during the block does not yield someone else's grant;
-  nor does one that ends before its client noticed the loss (the scheduler answers its
-  Yield NOT_FOUND: the lock is gone already, so the phase ends without an error);
+- a phase whose lease was lost during the block does not yield someone else's grant: it
+  raises LockLostError at its exit; so does one that ends before its client noticed the
+  loss (the scheduler answers its Yield NOT_FOUND: the lock is gone already);
 - an acquire made while no scheduler listens yet is granted once one comes up.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from rlslice import LockLostError
 from rlslice.client import AsyncClient
 from rlslice.testing import TestScheduler, scheduler_for_tests
 
@@ -78,7 +79,7 @@ async def test_the_keep_alive_registers_a_forgotten_lease_again() -> None:
         await client.close()
 
 
-async def test_a_phase_that_lost_its_lease_does_not_yield(
+async def test_a_phase_that_lost_its_lease_does_not_yield_and_raises_lock_lost(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     address = f"127.0.0.1:{free_port()}"
@@ -91,15 +92,16 @@ async def test_a_phase_that_lost_its_lease_does_not_yield(
         async with AsyncClient(job="b", group="gpus", scheduler=address) as other:
             await other.acquire(timeout=10)  # the new scheduler never knew a held it
             await eventually(second, "gpus", lambda s: len(s.jobs) == 2)  # a registered again
-            await phase.__aexit__(None, None, None)
+            with pytest.raises(LockLostError) as lost:
+                await phase.__aexit__(None, None, None)
+            assert lost.value.group == "gpus"
+            assert lost.value.epoch > 0
             assert "lost group 'gpus'" in caplog.text
             assert (await second.group("gpus")).holder == "b"
         await client.close()
 
 
-async def test_a_phase_ending_before_its_client_noticed_the_loss_ends_quietly(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def test_a_phase_ending_before_its_client_noticed_the_loss_raises_lock_lost() -> None:
     address = f"127.0.0.1:{free_port()}"
     async with scheduler_for_tests(groups=["gpus"], address=address):
         # A long lease: no keep-alive notices the restart before the phase ends.
@@ -107,8 +109,8 @@ async def test_a_phase_ending_before_its_client_noticed_the_loss_ends_quietly(
         phase = client.phase("train")
         await phase.__aenter__()
     async with scheduler_for_tests(groups=["gpus"], address=address) as second:
-        await phase.__aexit__(None, None, None)  # its Yield: NOT_FOUND, the lock is lost
-        assert "lost group 'gpus' during a phase" in caplog.text
+        with pytest.raises(LockLostError, match="lost the lock of group 'gpus'"):
+            await phase.__aexit__(None, None, None)  # its Yield: NOT_FOUND, the lock is lost
         assert (await second.group("gpus")).holder == ""
         await client.close()
 

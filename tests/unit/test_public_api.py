@@ -13,6 +13,7 @@ EXPECTED = {
     "Grant",
     "InternalError",
     "InvalidArgumentError",
+    "LockLostError",
     "NotFoundError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
