@@ -11,13 +11,13 @@ changes at every grant and yield, is built at scrape time from a plain dict.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from rlslice.adapters.server import MetricsEndpoint, serve_metrics
 
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
@@ -117,8 +117,7 @@ class SchedulerMetrics:
         self._holders: dict[str, str] = {}
         r.register(_HolderCollector(self._holders))
         self._series: dict[str, _GroupSeries] = {}
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self._endpoint: MetricsEndpoint | None = None
 
     def watch_busy(self, source: Callable[[], Iterable[tuple[str, float]]]) -> None:
         """Report busy fractions from `source` (group, fraction) at every scrape."""
@@ -187,13 +186,11 @@ class SchedulerMetrics:
 
     def serve(self, address: str, port: int) -> int:
         """Serve /metrics over HTTP; return the bound port."""
-        server, thread = start_http_server(port, addr=address, registry=self.registry)
-        self._server, self._thread = server, thread
-        return int(server.server_port)
+        self._endpoint = serve_metrics(self.registry, address, port)
+        return self._endpoint.port
 
     def close(self) -> None:
         """Stop the HTTP server."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None

@@ -12,13 +12,8 @@ import asyncio
 import gc
 import logging
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
-
-from rlslice.adapters.auth import Role, TokenAuthInterceptor
-from rlslice.adapters.channel import SERVER_OPTIONS, add_port
+from rlslice.adapters.auth import Role
+from rlslice.adapters.server import GrpcServer
 from rlslice.scheduler.coordinator import Coordinator
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
@@ -55,19 +50,18 @@ class RunningScheduler:
 
     def __init__(
         self,
-        server: grpc.aio.Server,
+        grpc_server: GrpcServer,
         engine: Engine,
         coordinator: Coordinator,
-        health: HealthServicer,
         metrics: SchedulerMetrics,
         address: str,
         metrics_port: int | None,
     ) -> None:
-        self.server = server
+        self._grpc = grpc_server
+        self.server = grpc_server.server
         self.engine = engine
         self.coordinator = coordinator
         self.metrics = metrics
-        self._health = health
         self.address = address
         """`host:port` actually bound (the real port when 0 was asked for)."""
         self.metrics_port = metrics_port
@@ -81,10 +75,9 @@ class RunningScheduler:
             await self._stopped.wait()
             return
         self._stopping = True
-        for service in ("", SERVICE_NAME):
-            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._grpc.set_serving(False)
         await self.engine.close()
-        await self.server.stop(grace)
+        await self._grpc.stop(grace)
         await self.coordinator.close()
         await self.engine.store.close()
         self.metrics.close()
@@ -123,34 +116,19 @@ async def start_scheduler(
         ring_size=settings.event_ring_size,
         watch_queue_size=settings.watch_queue_size,
     )
-    tokens = {
-        Role.JOB: settings.job_token or "",
-        Role.ADMIN: settings.admin_token or "",
-        Role.AGENT: settings.agent_token or "",
-    }
-    server = grpc.aio.server(
-        interceptors=[TokenAuthInterceptor(tokens, METHOD_ROLES)], options=SERVER_OPTIONS
+    grpc_server = await GrpcServer.create(
+        tokens={
+            Role.JOB: settings.job_token,
+            Role.ADMIN: settings.admin_token,
+            Role.AGENT: settings.agent_token,
+        },
+        methods=METHOD_ROLES,
+        services=(SERVICE_NAME,),
     )
-    health = HealthServicer()
-    for service in ("", SERVICE_NAME):
-        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(
-        SchedulerService(engine, coordinator), server
+        SchedulerService(engine, coordinator), grpc_server.server
     )
-    reflection.enable_server_reflection(
-        (
-            SERVICE_NAME,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        ),
-        server,
-    )
-    host = settings.address.rsplit(":", 1)[0]
-    port = add_port(server, settings.address, settings.tls)
-    if port == 0:
-        raise OSError(f"address: cannot bind {settings.address}")
-    await server.start()
+    address = await grpc_server.start(settings.address, settings.tls)
     try:
         for agent in (await engine.start(settings.groups)).values():
             coordinator.add_agent(agent)
@@ -161,10 +139,8 @@ async def start_scheduler(
         if settings.metrics_port is not None:
             metrics_port = metrics.serve(settings.metrics_address, settings.metrics_port)
     except BaseException:
-        await server.stop(0)
+        await grpc_server.stop(0)
         raise
-    for service in ("", SERVICE_NAME):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    address = f"{host}:{port}"
+    await grpc_server.set_serving(True)
     log.info("scheduler serving on %s (store %s)", address, settings.store)
-    return RunningScheduler(server, engine, coordinator, health, metrics, address, metrics_port)
+    return RunningScheduler(grpc_server, engine, coordinator, metrics, address, metrics_port)

@@ -18,6 +18,7 @@ from rlslice._errors import RlsliceError, UnavailableError
 from rlslice._ids import validate_id
 from rlslice.adapters.auth import Role
 from rlslice.adapters.grpc_errors import abort_with
+from rlslice.adapters.server import method_roles
 from rlslice.scheduler import _proto, _validate
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler.coordinator import Coordinator
@@ -27,11 +28,11 @@ from rlslice.scheduler.store import AgentRecord
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 
-_SERVICE = "/rlslice.v1alpha1.Scheduler/"
-#: The token role each method needs.
-METHOD_ROLES: dict[str, Role] = {
-    _SERVICE + name: role
-    for name, role in {
+#: The token role each method needs, checked against the proto at import: a new RPC
+#: cannot ship without a role (the interceptor refuses methods it has no role for).
+METHOD_ROLES: dict[str, Role] = method_roles(
+    pb.DESCRIPTOR.services_by_name["Scheduler"],
+    {
         "Register": Role.JOB,
         "KeepAlive": Role.JOB,
         "Unregister": Role.JOB,
@@ -44,8 +45,8 @@ METHOD_ROLES: dict[str, Role] = {
         "PutGroup": Role.ADMIN,
         "DeleteGroup": Role.ADMIN,
         "RegisterAgent": Role.AGENT,
-    }.items()
-}
+    },
+)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 R = TypeVar("R")

@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlslice._errors import InvalidArgumentError
-from rlslice.adapters.net import host_of, is_loopback
+from rlslice.adapters.auth import Role
+from rlslice.adapters.server import check_exposure as check_server_exposure
 from rlslice.config import GroupSpec, TLSConfig
 
 
@@ -74,24 +74,23 @@ def check_exposure(settings: SchedulerSettings) -> None:
     Every role needs its bearer token, unless mutual TLS already authenticates callers
     (a TLS config with `client_ca`). Loopback addresses are exempt: only this host reaches them.
     """
-    if is_loopback(host_of(settings.address)) or settings.allow_unauthenticated:
-        return
-    if settings.tls is not None and settings.tls.client_ca:
-        return
-    open_roles = [
-        role
-        for role, token in (
-            ("job", settings.job_token),
-            ("admin", settings.admin_token),
-            ("agent", settings.agent_token),
-        )
-        if not token
-    ]
-    if open_roles:
-        raise InvalidArgumentError(
-            f"address: {settings.address} is reachable beyond this host and the "
-            f"{'/'.join(open_roles)} role{'s are' if len(open_roles) > 1 else ' is'} open; "
-            "set a token for every role (--job-token-file, --admin-token-file, "
-            "--agent-token-file), mutual TLS (--tls-client-ca), or --allow-unauthenticated "
-            "on a trusted network"
-        )
+    tokens = {
+        Role.JOB: settings.job_token,
+        Role.ADMIN: settings.admin_token,
+        Role.AGENT: settings.agent_token,
+    }
+    check_server_exposure(
+        settings.address,
+        tokens,
+        settings.tls,
+        token_flags=TOKEN_FLAGS,
+        allow_unauthenticated=settings.allow_unauthenticated,
+    )
+
+
+#: The flag that sets each role's token, named when a role is open.
+TOKEN_FLAGS = {
+    Role.JOB: "--job-token-file",
+    Role.ADMIN: "--admin-token-file",
+    Role.AGENT: "--agent-token-file",
+}

@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
 
-from rlslice._errors import InvalidArgumentError
-from rlslice.adapters.auth import Role, TokenAuthInterceptor
-from rlslice.adapters.channel import SERVER_OPTIONS, add_port
-from rlslice.adapters.net import host_of, is_loopback
+from rlslice.adapters.auth import Role
+from rlslice.adapters.channel import SERVER_OPTIONS
+from rlslice.adapters.net import host_of
+from rlslice.adapters.server import (
+    GrpcServer,
+    MetricsEndpoint,
+    check_exposure,
+    join_host_port,
+    serve_metrics,
+)
 from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.local_service import LocalAgentServicer
 from rlslice.snapshot_agent.metrics import AgentMetrics
@@ -48,31 +52,31 @@ class RunningAgent:
     metrics_port: int | None
     """Port of the Prometheus endpoint, if one was asked for."""
     scheduler_link: SchedulerLink | None
-    _server: grpc.aio.Server
+    _grpc: GrpcServer
     _local_server: grpc.aio.Server
     _relay: PeerCredRelay
-    _health: HealthServicer
-    _metrics_http: object | None = None
+    _metrics: MetricsEndpoint | None = None
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving: new calls are refused, calls under way get `grace` seconds."""
-        await self._health.enter_graceful_shutdown()
+        await self._grpc.set_serving(False)
         if self.scheduler_link is not None:
             await self.scheduler_link.stop()
         await self._relay.stop()
-        await asyncio.gather(self._server.stop(grace), self._local_server.stop(grace))
+        await asyncio.gather(self._grpc.stop(grace), self._local_server.stop(grace))
         await self.engine.close()
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()  # type: ignore[attr-defined]
+        if self._metrics is not None:
+            self._metrics.close()
 
 
 def _check_exposure(settings: AgentSettings) -> None:
-    host = host_of(settings.address)
-    if not is_loopback(host) and not settings.token and settings.tls is None:
-        raise InvalidArgumentError(
-            f"address: {settings.address} is reachable beyond this host; refusing to serve the "
-            "Agent service there without an agent token (--token / RLSLICE_AGENT_TOKEN) or TLS"
-        )
+    # TLS without client certificates encrypts but proves no caller: it needs the token too.
+    check_exposure(
+        settings.address,
+        {Role.AGENT: settings.token},
+        settings.tls,
+        token_flags={Role.AGENT: "--token-file (or RLSLICE_AGENT_TOKEN)"},
+    )
 
 
 def _advertise(settings: AgentSettings, port: int) -> str:
@@ -81,7 +85,7 @@ def _advertise(settings: AgentSettings, port: int) -> str:
     host = host_of(settings.address)
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return join_host_port(host, port)
 
 
 async def start_agent(settings: AgentSettings) -> RunningAgent:
@@ -98,57 +102,53 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
     )
     await engine.start()
 
-    health_servicer = HealthServicer()
-    server = grpc.aio.server(
-        interceptors=[TokenAuthInterceptor({Role.AGENT: settings.token or ""}, METHOD_ROLES)],
+    grpc_server = await GrpcServer.create(
+        tokens={Role.AGENT: settings.token},
+        methods=METHOD_ROLES,
+        services=(SERVICE_NAME,),
         # No SO_REUSEPORT: a second agent on a taken port must fail, not share its calls.
-        options=[*SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=[("grpc.so_reuseport", 0)],
     )
-    agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(engine), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    try:
-        port = add_port(server, settings.address, settings.tls)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        await engine.close()
-        raise InvalidArgumentError(f"address: cannot bind {settings.address}")
+    agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(engine), grpc_server.server)
 
     relay = PeerCredRelay(settings.socket_path, settings.socket_mode)
     local_server = grpc.aio.server(options=SERVER_OPTIONS)
     agent_pb2_grpc.add_LocalAgentServicer_to_server(LocalAgentServicer(engine, relay), local_server)
     local_server.add_insecure_port(relay.internal_address)
 
-    await server.start()
+    try:
+        address = await grpc_server.start(settings.address, settings.tls)
+    except BaseException:
+        await engine.close()
+        raise
     await local_server.start()
     try:
         await relay.start()
     except BaseException:
-        await asyncio.gather(server.stop(0), local_server.stop(0))
+        await asyncio.gather(grpc_server.stop(0), local_server.stop(0))
         await relay.stop()
         await engine.close()
         raise
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-
-    host = host_of(settings.address)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    metrics_http, metrics_port = _serve_metrics(settings, metrics)
+    await grpc_server.set_serving(True)
+    endpoint = (
+        serve_metrics(metrics.registry, host_of(settings.address), settings.metrics_port)
+        if settings.metrics_port is not None
+        else None
+    )
     running = RunningAgent(
         settings=settings,
         address=address,
-        advertised=_advertise(settings, port),
+        advertised=_advertise(settings, grpc_server.port),
         socket_path=settings.socket_path,
         node=settings.node,
         engine=engine,
         metrics=metrics,
-        metrics_port=metrics_port,
+        metrics_port=endpoint.port if endpoint is not None else None,
         scheduler_link=None,
-        _server=server,
+        _grpc=grpc_server,
         _local_server=local_server,
         _relay=relay,
-        _health=health_servicer,
-        _metrics_http=metrics_http,
+        _metrics=endpoint,
     )
     if settings.scheduler:
 
@@ -176,15 +176,3 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         settings.backend,
     )
     return running
-
-
-def _serve_metrics(
-    settings: AgentSettings, metrics: AgentMetrics
-) -> tuple[object | None, int | None]:
-    if settings.metrics_port is None:
-        return None, None
-    from prometheus_client import start_http_server
-
-    host = host_of(settings.address) or "127.0.0.1"
-    http, _thread = start_http_server(settings.metrics_port, addr=host, registry=metrics.registry)
-    return http, int(http.server_port)

@@ -11,6 +11,7 @@ import grpc
 from rlslice._errors import InternalError, RlsliceError
 from rlslice.adapters.auth import Role
 from rlslice.adapters.grpc_errors import abort_with
+from rlslice.adapters.server import method_roles
 from rlslice.snapshot_agent.engine import AgentEngine, MoveReply
 from rlslice.snapshot_agent.state import JobState, Move
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
@@ -28,11 +29,12 @@ STATE_TO_PROTO: dict[JobState, int] = {
     JobState.FAULTED: agent_pb2.AGENT_JOB_STATE_FAULTED,
 }
 
-#: Every Agent method needs the agent role (the admin token satisfies it too).
-METHOD_ROLES: dict[str, Role] = {
-    f"/rlslice.v1alpha1.Agent/{name}": Role.AGENT
-    for name in ("Snapshot", "Restore", "Release", "Status", "Probe")
-}
+#: Every Agent method needs the agent role (the admin token satisfies it too); the table is
+#: derived from the proto, so a new RPC is covered the day it is added.
+_AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"]
+METHOD_ROLES: dict[str, Role] = method_roles(
+    _AGENT_SERVICE, {method.name: Role.AGENT for method in _AGENT_SERVICE.methods}
+)
 
 T = TypeVar("T")
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import hmac
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import grpc
@@ -63,13 +63,22 @@ def check(
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Refuses calls whose bearer token does not prove the role their method needs.
 
-    `methods` maps full method names (`/rlslice.v1alpha1.Scheduler/PutGroup`) to roles;
-    methods not listed need no token (health, reflection).
+    `methods` maps full method names (`/rlslice.v1alpha1.Scheduler/PutGroup`) to roles
+    (build it with `rlslice.adapters.server.method_roles`, which checks it against the proto).
+    Methods of `open_services` (health, reflection) need no token. Any other served method
+    that is not listed is refused with PERMISSION_DENIED, whatever the token: it fails
+    closed. A method the server does not serve at all stays UNIMPLEMENTED.
     """
 
-    def __init__(self, tokens: Mapping[Role, str], methods: Mapping[str, Role]) -> None:
+    def __init__(
+        self,
+        tokens: Mapping[Role, str],
+        methods: Mapping[str, Role],
+        open_services: Collection[str] = (),
+    ) -> None:
         self._tokens = {role: token for role, token in tokens.items() if token}
         self._methods = dict(methods)
+        self._open = frozenset(open_services)
 
     async def intercept_service(
         self,
@@ -79,6 +88,16 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         needed = self._methods.get(details.method)
+        if needed is None:
+            handler: grpc.RpcMethodHandler[Any, Any] | None = await continuation(details)
+            service = details.method.lstrip("/").partition("/")[0]
+            if handler is None or service in self._open:
+                return handler  # type: ignore[return-value]  # None: UNIMPLEMENTED, as served
+            return _refusing_handler(
+                handler,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"authorization: no role is defined for method {details.method}",
+            )
         refusal = check(bearer_token(details.invocation_metadata), needed, self._tokens)
         if refusal is None:
             return await continuation(details)

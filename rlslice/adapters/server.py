@@ -1,0 +1,212 @@
+"""The one way to serve gRPC: roles from the proto, auth, health, reflection, binding, metrics.
+
+`rlslice scheduler` and `rlslice agent` (and everything that embeds them: `rlslice up`, the
+testing kit, the benches) build their servers here, so both answer the same way:
+
+- `method_roles(service, roles)` turns a table keyed by method name into the interceptor's
+  table keyed by full method path, and refuses a table that misses a method of the service
+  or names one it does not have (checked against the proto descriptor at import time);
+- `TokenAuthInterceptor` (in `rlslice.adapters.auth`) refuses every method it has no role
+  for, except the health and reflection services, which are open by design;
+- `check_exposure` refuses, before any port is bound, to listen beyond this host while a
+  role is open (no token and no mutual TLS);
+- `GrpcServer` binds (TLS when configured, IPv6 literals bracketed), starts, reports health
+  NOT_SERVING until its owner says SERVING, and stops;
+- `serve_metrics` starts the Prometheus endpoint of a registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+
+from rlslice._errors import InvalidArgumentError
+from rlslice.adapters.auth import Role, TokenAuthInterceptor
+from rlslice.adapters.channel import SERVER_OPTIONS, add_port
+from rlslice.adapters.net import host_of, is_loopback
+from rlslice.config import TLSConfig
+
+if TYPE_CHECKING:
+    from grpc_health.v1._async import HealthServicer
+    from prometheus_client import CollectorRegistry
+
+log = logging.getLogger(__name__)
+
+#: Services that need no role: anyone may ask whether a server is up and what it serves.
+OPEN_SERVICES: frozenset[str] = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
+
+
+def method_roles(service: ServiceDescriptor, roles: Mapping[str, Role]) -> dict[str, Role]:
+    """`{"/pkg.Service/Method": role}` for every method of `service`.
+
+    Raises `ValueError` naming the methods when `roles` misses one of the service's methods
+    or names one the service does not have: a new RPC cannot ship without a role.
+    """
+    declared = {method.name for method in service.methods}
+    missing = sorted(declared - roles.keys())
+    unknown = sorted(roles.keys() - declared)
+    if missing or unknown:
+        raise ValueError(
+            f"method roles of {service.full_name}: "
+            f"missing {missing or 'none'}, not in the proto {unknown or 'none'}"
+        )
+    return {f"/{service.full_name}/{name}": role for name, role in roles.items()}
+
+
+def check_exposure(
+    address: str,
+    tokens: Mapping[Role, str | None],
+    tls: TLSConfig | None,
+    *,
+    token_flags: Mapping[Role, str],
+    allow_unauthenticated: bool = False,
+) -> None:
+    """Refuse to serve beyond this host while any caller could act unauthenticated.
+
+    Every role needs its bearer token, unless mutual TLS (`tls.client_ca`) already
+    authenticates callers. Loopback addresses are exempt: only this host reaches them.
+    Raises `InvalidArgumentError` naming the address, the open roles and the flags to set.
+    """
+    if is_loopback(host_of(address)) or allow_unauthenticated:
+        return
+    if tls is not None and tls.client_ca:
+        return
+    open_roles = [role for role in tokens if not tokens[role]]
+    if not open_roles:
+        return
+    names = "/".join(role.value for role in open_roles)
+    flags = ", ".join(token_flags[role] for role in open_roles)
+    plural = "s are" if len(open_roles) > 1 else " is"
+    raise InvalidArgumentError(
+        f"address: {address} is reachable beyond this host and the {names} role{plural} "
+        f"open; set {flags}, mutual TLS (--tls-client-ca), or --allow-unauthenticated "
+        "on a trusted network"
+    )
+
+
+def join_host_port(host: str, port: int) -> str:
+    """`host:port`, with an IPv6 literal in brackets (`[::1]:50551`)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class GrpcServer:
+    """A grpc.aio server with the house's interceptor, options and health service.
+
+    Build it with `GrpcServer.create(...)`, add servicers to `.server`, then `await
+    start(address, tls)`; health stays NOT_SERVING until `await set_serving(True)`.
+    """
+
+    server: grpc.aio.Server
+    health: HealthServicer
+    services: tuple[str, ...]
+    """Full names of the services health reports on (besides the overall "")."""
+    address: str = ""
+    """`host:port` actually bound (the real port when 0 was asked for), after `start`."""
+    port: int = 0
+    _reflection: bool = field(default=False, repr=False)
+
+    @classmethod
+    async def create(
+        cls,
+        *,
+        tokens: Mapping[Role, str | None],
+        methods: Mapping[str, Role],
+        services: Sequence[str],
+        options: Iterable[tuple[str, Any]] = (),
+        reflection: bool = True,
+    ) -> GrpcServer:
+        """A server refusing calls whose token does not prove their method's role."""
+        from grpc_health.v1 import health_pb2_grpc
+        from grpc_health.v1._async import HealthServicer
+
+        interceptor = TokenAuthInterceptor(
+            {role: token or "" for role, token in tokens.items()}, methods, OPEN_SERVICES
+        )
+        server = grpc.aio.server(interceptors=[interceptor], options=[*SERVER_OPTIONS, *options])
+        health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        made = cls(server=server, health=health, services=tuple(services), _reflection=reflection)
+        await made.set_serving(False)
+        return made
+
+    async def start(self, address: str, tls: TLSConfig | None) -> str:
+        """Bind `address` (TLS when configured) and start; return the bound `host:port`.
+
+        Raises `InvalidArgumentError` when the address cannot be bound.
+        """
+        if self._reflection:
+            from grpc_health.v1 import health_pb2
+            from grpc_reflection.v1alpha import reflection
+
+            reflection.enable_server_reflection(
+                (
+                    *self.services,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
+                self.server,
+            )
+        try:
+            port = add_port(self.server, address, tls)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise InvalidArgumentError(f"address: cannot bind {address}")
+        await self.server.start()
+        self.port = port
+        self.address = join_host_port(host_of(address), port)
+        return self.address
+
+    async def set_serving(self, serving: bool) -> None:
+        """Report SERVING (or NOT_SERVING) for the server and each of its services."""
+        from grpc_health.v1 import health_pb2
+
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", *self.services):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None) -> None:
+        """NOT_SERVING, then stop: calls under way get `grace` seconds."""
+        await self.set_serving(False)
+        await self.server.stop(grace)
+
+
+@dataclass
+class MetricsEndpoint:
+    """A running Prometheus HTTP endpoint; `close()` stops it."""
+
+    port: int
+    _close: Callable[[], None]
+
+    def close(self) -> None:
+        """Stop serving /metrics."""
+        self._close()
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
+    """Serve `registry` on `http://host:port/metrics` (port 0: any free port)."""
+    from prometheus_client import start_http_server
+
+    http, _thread = start_http_server(port, addr=host or "127.0.0.1", registry=registry)
+
+    def close() -> None:
+        http.shutdown()
+        http.server_close()
+
+    return MetricsEndpoint(port=int(http.server_port), _close=close)
