@@ -68,6 +68,16 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("rlslice.apps.plan", "check whether jobs fit on nodes", ("planner",)),
     "simulate": Command("rlslice.apps.simulate", "simulate interleaving jobs on one group"),
     "diagnose": Command("rlslice.apps.diagnose", "hypotheses from a scheduler's metrics"),
+    "profile": Command(
+        "rlslice.apps.profile",
+        "a job's phase profile (YAML) from a scheduler's events",
+        ("planner",),
+    ),
+    "advise": Command(
+        "rlslice.apps.advise",
+        "which jobs should share GPUs: ranked pairings and group definitions",
+        ("planner", "console"),
+    ),
 }
 
 #: third-party top-level module -> the extras of pyproject.toml that install it

@@ -1,0 +1,175 @@
+"""`rlslice profile`: a job's phase profile (YAML, with percentiles) from what a scheduler saw.
+
+Sources, one of:
+
+- `--from-log EVENTS.json`: a recorded timeline (`rlslice timeline G --save-log`, the JSON
+  form of a `GetEventsResponse`; the scheduler keeps a bounded ring per group);
+- `--watch GROUP --seconds S`: the scheduler's `Watch` stream of GROUP for S seconds
+  (everything, however long the run; `--save-log` keeps the events for later).
+
+The profile arithmetic is `rlslice.planner.profile.profiles_from_events`; this module only
+reads, writes and prints. The YAML is what `rlslice advise` takes (a hand-written profile
+loads the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO, cast
+
+from rlslice.apps.trace_export import Event, event_to_dict, events_from_json
+
+if TYPE_CHECKING:
+    from rlslice.planner.profile import WorkloadProfile
+
+DEFAULT_SCHEDULER = "127.0.0.1:50551"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--from-log", type=Path, metavar="EVENTS.json", help="a recorded timeline's events"
+    )
+    source.add_argument("--watch", metavar="GROUP", help="follow the scheduler's Watch of GROUP")
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="with --watch: how long to record"
+    )
+    parser.add_argument("--group", default="", help="with --from-log: only this group's events")
+    parser.add_argument(
+        "--job", action="append", default=[], help="profile only this job (repeat); default all"
+    )
+    parser.add_argument(
+        "--state-bytes",
+        help="device state per GPU (256Mi, 16Gi); default: estimated from the switches",
+    )
+    parser.add_argument("--max-slowdown", type=float, help="the slowdown the job(s) accept")
+    parser.add_argument("--out", type=Path, help="write the profiles here (default: stdout)")
+    parser.add_argument(
+        "--save-log", type=Path, metavar="EVENTS.json", help="with --watch: also save the events"
+    )
+    parser.add_argument(
+        "--scheduler",
+        default=os.environ.get("RLSLICE_SCHEDULER", DEFAULT_SCHEDULER),
+        help="scheduler address host:port (env RLSLICE_SCHEDULER)",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get("RLSLICE_TOKEN", ""), help="bearer token (env)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from rlslice.planner.profile import dump_profiles, parse_bytes, profiles_from_events
+
+    try:
+        state = None if args.state_bytes is None else parse_bytes(args.state_bytes)
+    except ValueError as error:
+        print(f"profile: --state-bytes: {error}", file=sys.stderr)
+        return 2
+    if args.from_log is not None:
+        try:
+            events = events_from_json(json.loads(args.from_log.read_text()))
+        except (OSError, ValueError) as error:
+            print(f"profile: --from-log: {args.from_log}: {error}", file=sys.stderr)
+            return 2
+        group, source = args.group, f"log {args.from_log.name}"
+        events = [e for e in events if not group or e.group == group]
+    else:
+        import asyncio
+
+        from rlslice._errors import RlsliceError
+
+        if args.seconds <= 0:
+            print("profile: --seconds: must be positive", file=sys.stderr)
+            return 2
+        try:
+            events = asyncio.run(watch_events(args.scheduler, args.watch, args.seconds, args.token))
+        except RlsliceError as error:
+            print(f"profile: {args.scheduler}: {error}", file=sys.stderr)
+            return 1
+        group, source = args.watch, f"watch {args.watch}"
+        if args.save_log is not None:
+            args.save_log.write_text(
+                json.dumps({"events": [event_to_dict(e) for e in events]}, indent=1)
+            )
+    try:
+        profiles = profiles_from_events(
+            events,
+            jobs=args.job,
+            source=source,
+            state_bytes=state,
+            max_slowdown=args.max_slowdown,
+        )
+    except (ValidationError, ValueError) as error:
+        print(f"profile: {error}", file=sys.stderr)
+        return 2
+    if not profiles:
+        print(f"profile: no job held group {group or '(any)'} in the events", file=sys.stderr)
+        return 1
+    text = yaml.safe_dump(dump_profiles(profiles), sort_keys=False)
+    if args.out is not None:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    print_summary(profiles, file=sys.stderr if args.out is None else sys.stdout)
+    return 0
+
+
+def print_summary(profiles: tuple[WorkloadProfile, ...], *, file: TextIO) -> None:
+    """One line per phase: median, p90, p99 seconds and how often it was seen."""
+    for profile in profiles:
+        print(
+            f"{profile.name}: cycle {profile.cycle_seconds:.3f} s, GPU {profile.gpu_fraction:.0%}, "
+            f"state {profile.state_bytes} B, {profile.cycles or 0} cycles",
+            file=file,
+        )
+        for phase in profile.phases:
+            stats = phase.stats
+            tail = (
+                f"p50 {stats.p50:.3f}  p90 {stats.p90:.3f}  p99 {stats.p99:.3f}  n={stats.count}"
+                if stats
+                else ""
+            )
+            print(f"  {phase.kind} {phase.name:<20} {phase.seconds:8.3f} s  {tail}", file=file)
+
+
+async def watch_events(address: str, group: str, seconds: float, token: str = "") -> list[Event]:
+    """The events of `group` the scheduler's `Watch` streams within `seconds` (the initial
+    SNAPSHOT messages left out). Raises an rlslice error on RPC failure."""
+    import asyncio
+
+    import grpc
+
+    from rlslice.adapters.channel import open_channel
+    from rlslice.adapters.grpc_errors import error_from_rpc
+    from rlslice.apps.timeline import event_from_proto
+    from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
+
+    events: list[Event] = []
+
+    async def read(stub: scheduler_pb2_grpc.SchedulerAsyncStub) -> None:
+        async for message in stub.Watch(scheduler_pb2.WatchRequest(group=group)):
+            event = event_from_proto(message)
+            if event.kind != "SNAPSHOT":
+                events.append(event)
+
+    async with open_channel(address, token=token or None) as channel:
+        stub = cast(
+            "scheduler_pb2_grpc.SchedulerAsyncStub", scheduler_pb2_grpc.SchedulerStub(channel)
+        )
+        try:
+            await asyncio.wait_for(read(stub), timeout=seconds)
+        except TimeoutError:
+            pass
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+    return events
+
+
+__all__ = ["print_summary", "watch_events"]
