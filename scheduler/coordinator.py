@@ -42,6 +42,10 @@ from rlslice.v1alpha1 import agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+#: Backend option of a snapshot that fences a job whose lease lapsed while it held: it may
+#: be mid-step, so the backend stops its processes before anything moves (`app`: frozen,
+#: no offload under a running step).
+FENCE_OPTION = "fence"
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _TRANSPORT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _PARKED = {apb.AGENT_JOB_STATE_PARKED, apb.AGENT_JOB_STATE_FAULTED, apb.AGENT_JOB_STATE_RESTORING}
@@ -179,13 +183,15 @@ class Coordinator:
             for node in nodes
             if _needs(statuses.get(node), job, state.name, snapshot=True)
         ]
-        results = await self._moves("Snapshot", spec, snapshots, switch.epoch)
+        results = await self._moves("Snapshot", spec, snapshots, switch.epoch, switch.fence)
         failures = [r for r in results if isinstance(r, AgentCallError)]
         if failures:
+            # A fenced job (its lease lapsed while it held) stays fenced where it is: rolling
+            # it back would let a holder nobody can reach run beside the next one.
             done = [
                 (job, node)
                 for (job, node), r in zip(snapshots, results, strict=True)
-                if isinstance(r, apb.MoveResult) and not r.absent
+                if isinstance(r, apb.MoveResult) and not r.absent and job not in switch.fence
             ]
             await self._rollback(spec, done, switch.rollback_epoch)
             reason = "; ".join(str(f) for f in failures)
@@ -284,11 +290,18 @@ class Coordinator:
         )
 
     async def _moves(
-        self, method: str, spec: GroupSpec, pairs: list[tuple[str, str]], epoch: int
+        self,
+        method: str,
+        spec: GroupSpec,
+        pairs: list[tuple[str, str]],
+        epoch: int,
+        fence: tuple[str, ...] = (),
     ) -> list[apb.MoveResult | AgentCallError]:
         async def one(job: str, node: str) -> apb.MoveResult | AgentCallError:
             backend = spec.job(job).backend or spec.backend
             options = dict(spec.backend_options)
+            if job in fence:
+                options[FENCE_OPTION] = "1"  # the backend stops the job before moving anything
             request: Any
             if method == "Snapshot":
                 request = apb.SnapshotRequest(

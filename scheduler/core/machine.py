@@ -30,6 +30,7 @@ from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, Waiter
 
 #: A switch that fails is tried this many times in all before its waiter fails.
 MAX_SWITCH_ATTEMPTS = 2
+_FENCE_REASON = "lease lapsed while holding: fenced on every node before the next grant"
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +205,11 @@ def _yield(tx: _Tx, e: ev.Yield) -> None:
 def _tick(tx: _Tx, e: ev.Tick) -> None:
     for record in list(tx.s.jobs.values()):
         if record.expires_at <= tx.now:
-            _remove(tx, record.name, Kind.LEASE_EXPIRED, "lease lapsed", force=False)
+            if tx.s.holder == record.name:
+                # Alive but unreachable, maybe: fenced on every node before the next grant.
+                _remove(tx, record.name, Kind.LEASE_EXPIRED, _FENCE_REASON, force=False, fence=True)
+            else:
+                _remove(tx, record.name, Kind.LEASE_EXPIRED, "lease lapsed", force=False)
     _check_hold(tx)
     _serve(tx)
 
@@ -275,7 +280,11 @@ def _serve(tx: _Tx) -> None:
     if waiter is None:
         return
     tx.set(queue=tuple(w for w in s.queue if w is not waiter))
-    if waiter.job in s.resident:
+    if waiter.job in s.fencing:
+        # The lapsed holder came back under its name and is served first: nobody else was
+        # granted meanwhile, and it is the job the fence was for.
+        tx.set(fencing=tuple(j for j in s.fencing if j != waiter.job))
+    if waiter.job in s.resident and not tx.s.fencing:
         _grant(tx, waiter.job, waiter.ticket, tx.now - waiter.since, phase=waiter.phase)
     else:
         _start_switch(tx, waiter)
@@ -290,11 +299,13 @@ def _start_switch(
     preempted_since: float = 0.0,
 ) -> None:
     s = tx.s
+    fence = tuple(j for j in s.fencing if j != waiter.job)
     switch = Switch(
         incoming=waiter.job,
         ticket=waiter.ticket,
         waited_since=waiter.since,
-        evict=evict,
+        evict=(*evict, *(j for j in fence if j not in evict)),
+        fence=fence,
         candidates=tuple(j for j in s.resident if j != waiter.job and j not in evict),
         restore=waiter.job in s.parked or waiter.job in s.faulted,
         epoch=s.epoch + 1,
@@ -343,6 +354,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     if switch is None:
         return
     _park(tx, e.evicted)
+    _fenced(tx, switch)
     incoming = switch.incoming
     s = tx.s
     if incoming in s.jobs:
@@ -392,11 +404,12 @@ def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
     if switch is None:
         return
     _park(tx, e.evicted)
+    _fenced(tx, switch)
     tx.set(switch=None)
     tx.record(Kind.SWITCH_FAILED, switch.incoming, e.reason, nbytes=e.moved_bytes)
     if switch.attempt < MAX_SWITCH_ATTEMPTS and switch.incoming in tx.s.jobs:
         # The evictions held; only the restore is tried again.
-        _retry(tx, switch, evict=(), candidates=(), restore=True, preempted=None)
+        _retry(tx, switch, evict=(), candidates=(), fence=(), restore=True, preempted=None)
         return
     s = tx.s
     if switch.incoming in s.jobs:
@@ -419,6 +432,20 @@ def _park(tx: _Tx, evicted: tuple[str, ...]) -> None:
             resident=tuple(j for j in s.resident if j not in gone),
             parked=(*s.parked, *(j for j in evicted if j in gone and j not in s.parked)),
         )
+
+
+def _fenced(tx: _Tx, switch: Switch) -> None:
+    """The switch's snapshots held on every node: its lapsed holders are fenced. Their
+    state is released now (kept by the agents while their processes live)."""
+    s = tx.s
+    done = [j for j in switch.fence if j in s.fencing]
+    if not done:
+        return
+    tx.set(fencing=tuple(j for j in s.fencing if j not in done))
+    for job in done:
+        tx.record(Kind.LEASE_EXPIRED, job, "fenced on every node of the group")
+        if job not in s.jobs:  # not registered again meanwhile
+            tx.emit(a.ReleaseState(job, force=False))
 
 
 def _fail_switch(tx: _Tx, switch: Switch, kind: type[RlsliceError], reason: str) -> None:
@@ -485,8 +512,12 @@ def _end_hold(tx: _Tx) -> float:
     return held
 
 
-def _remove(tx: _Tx, job: str, kind: Kind, reason: str, *, force: bool) -> None:
-    """Take `job` out of the group entirely; its waiting call fails with UNAVAILABLE."""
+def _remove(
+    tx: _Tx, job: str, kind: Kind, reason: str, *, force: bool, fence: bool = False
+) -> None:
+    """Take `job` out of the group entirely; its waiting call fails with UNAVAILABLE.
+
+    `fence`: its state is released only once a switch has fenced it (see `_fenced`)."""
     if tx.s.holder == job:
         _end_hold(tx)
     s = tx.s
@@ -511,15 +542,18 @@ def _remove(tx: _Tx, job: str, kind: Kind, reason: str, *, force: bool) -> None:
             )
         )
     s = tx.s
+    fencing = tuple(j for j in s.fencing if j != job)
     tx.set(
         jobs={name: r for name, r in s.jobs.items() if name != job},
         resident=tuple(j for j in s.resident if j != job),
         parked=tuple(j for j in s.parked if j != job),
         faulted={j: r for j, r in s.faulted.items() if j != job},
         preempted=s.preempted - {job},
+        fencing=(*fencing, job) if fence else fencing,
     )
     tx.record(kind, job, reason)
-    tx.emit(a.ReleaseState(job, force))
+    if not fence:
+        tx.emit(a.ReleaseState(job, force))
 
 
 def _require_job(s: GroupState, job: str) -> JobRecord:

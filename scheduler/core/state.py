@@ -92,6 +92,9 @@ class Switch:
     """A scheduler restart cut the incoming job's call off: the switch still ends in a grant
     to it (the job was served before the restart; its re-issued Acquire finds it holding),
     unless the call comes back first and takes `ticket` again."""
+    fence: tuple[str, ...] = ()
+    """Jobs whose lease lapsed while they held the group (in `evict` too): snapshotted on
+    every node before the grant, never rolled back; released once fenced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,9 @@ class GroupState:
     switches: int = 0
     last_switch_seconds: float = 0.0
     last_switch_at: float = 0.0
+    fencing: tuple[str, ...] = ()
+    """Jobs whose lease lapsed while they held (alive but unreachable, maybe still running):
+    no one is granted the group until a switch has fenced them on every node."""
 
     @property
     def name(self) -> str:

@@ -55,6 +55,7 @@ def encode_group(state: GroupState) -> dict[str, Any]:
         "switches": state.switches,
         "last_switch_seconds": state.last_switch_seconds,
         "last_switch_at": state.last_switch_at,
+        "fencing": list(state.fencing),
     }
 
 
@@ -64,6 +65,7 @@ def _encode_switch(switch: Switch | None) -> dict[str, Any] | None:
     data = _fields(switch, _SWITCH_FIELDS)
     data["evict"] = list(switch.evict)
     data["candidates"] = list(switch.candidates)
+    data["fence"] = list(switch.fence)
     return data
 
 
@@ -86,11 +88,17 @@ def decode_group(data: dict[str, Any]) -> GroupState:
         switch=None
         if switch is None
         else Switch(
-            **{**switch, "evict": tuple(switch["evict"]), "candidates": tuple(switch["candidates"])}
+            **{
+                **switch,
+                "evict": tuple(switch["evict"]),
+                "candidates": tuple(switch["candidates"]),
+                "fence": tuple(switch.get("fence", ())),
+            }
         ),
         yield_requested_at=data["yield_requested_at"],
         preempted=frozenset(data["preempted"]),
         switches=data["switches"],
         last_switch_seconds=data["last_switch_seconds"],
         last_switch_at=data["last_switch_at"],
+        fencing=tuple(data.get("fencing", ())),
     )

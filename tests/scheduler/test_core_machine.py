@@ -193,9 +193,14 @@ def test_a_lapsed_holder_loses_the_lock_and_the_next_waiter_is_served(
     out = d.advance(5)
     assert d.state.holder is None
     assert "a" not in d.state.jobs
-    assert actions.ReleaseState("a", force=False) in out
+    # Fenced first (it may still run, unreachable): released only once the switch held.
+    assert actions.ReleaseState("a", force=False) not in out
     assert d.state.switch is not None
     assert d.state.switch.incoming == "b"
+    assert d.state.switch.fence == ("a",)
+    d.finish_switch()
+    assert actions.ReleaseState("a", force=False) in d.log
+    assert d.state.holder == "b"
 
 
 def test_a_lapsed_waiter_fails_with_unavailable(new: Callable[..., Driver]) -> None:
