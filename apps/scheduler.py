@@ -253,7 +253,8 @@ def elected_scheduler(settings: Any, election: Election) -> Any:
         duration=election.duration,
         retry_period=election.retry_period,
     )
-    return ElectedScheduler(settings, elector)
+    # The leader labels its own pod (POD_NAME, the downward API): the Service selects it.
+    return ElectedScheduler(settings, elector, pod=os.environ.get("POD_NAME") or None)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,10 +9,21 @@ leader believes it leads only until its last successful renewal plus the renew d
 (two thirds of the lease), a margin that covers clock skew and a slow API server.
 
 `ElectedScheduler` runs `start_scheduler` only while this replica leads. The standby keeps
-the gRPC port with a health service that says SERVING overall (so liveness probes pass)
-and NOT_SERVING for `rlslice.v1alpha1.Scheduler` (so readiness fails and the Service sends
-no job there). A replica that loses the lease stops its scheduler at once and stands by;
-the new leader loads the state the old one stored (KubernetesStore).
+the gRPC port with a health service that says SERVING overall and NOT_SERVING for
+`rlslice.v1alpha1.Scheduler`, and the metrics port with `rlslice_scheduler_leader 0`. A
+replica that loses the lease stops its scheduler at once and stands by; the new leader
+loads the state the old one stored (KubernetesStore).
+
+Routing: every healthy replica is Ready (the chart's readiness probe asks for the overall
+health, so `helm --wait`, kstatus and Argo CD see a finished rollout, and a budget can
+count the standby); traffic reaches only the leader because the leader labels its own pod
+`rlslice.dev/leader=true` once its scheduler serves, and sets it to `false` when it stands
+by (at start, after losing the lease, on a clean stop). The chart's gRPC Service selects
+that label; the metrics Service selects every replica. A leader that crashes cannot clear
+its label, but its pod is then not Ready and leaves the endpoints until it restarts, and a
+restarted replica clears the label before anything else. Why not a forwarding standby: it
+would add a hop and a second failure mode to every Acquire, and split streams (Watch)
+across two processes.
 """
 
 from __future__ import annotations
@@ -29,6 +40,9 @@ from typing import Any
 from rlslice.adapters.kube import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
+
+LEADER_LABEL = "rlslice.dev/leader"
+"""The pod label the leader sets to "true" (and every standby to "false")."""
 
 
 @dataclass(frozen=True)
@@ -210,17 +224,69 @@ class LeaseElector:
         await self.api.request("PATCH", self.path, ops, content_type="application/json-patch+json")
 
 
+class PodLabel:
+    """Keeps `rlslice.dev/leader` on this replica's own pod in step with its role."""
+
+    def __init__(self, api: KubeAPI, namespace: str, pod: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.pod = pod
+        self.written: bool | None = None
+        """The value last written successfully (None: not yet)."""
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
+
+    async def set(self, leading: bool) -> bool:
+        """Write the label when it differs from what we last wrote; whether it is in step.
+        API errors are logged and leave it out of step (the next campaign step retries)."""
+        if self.written is leading:
+            return True
+        patch = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else "false"}}}
+        try:
+            await self.api.request(
+                "PATCH", self.path, patch, content_type="application/merge-patch+json"
+            )
+        except KubeError as error:
+            log.warning("leader label on pod %s: %s", self.pod, error)
+            return False
+        self.written = leading
+        return True
+
+
+class _LeaderCollector:
+    """`rlslice_scheduler_leader`: 1 on the replica that leads, 0 on a standby."""
+
+    def __init__(self, value: float) -> None:
+        self._value = value
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            "rlslice_scheduler_leader", "1 while this replica holds the scheduler Lease"
+        )
+        family.add_metric([], self._value)
+        yield family
+
+
 class ElectedScheduler:
     """A scheduler replica that serves only while it holds the Lease."""
 
-    def __init__(self, settings: Any, elector: LeaseElector) -> None:
+    def __init__(self, settings: Any, elector: LeaseElector, *, pod: str | None = None) -> None:
+        """`pod`: this replica's pod (in the elector's namespace), labelled with its role;
+        None labels nothing."""
         self.settings = settings
         self.elector = elector
         self.running: Any = None  # RunningScheduler while leading
         self._standby: Any = None  # grpc.aio.Server while standing by
+        self._standby_metrics: Any = None  # the standby's /metrics HTTP server
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self.address: str = settings.address
+        self.metrics_port: int | None = settings.metrics_port
+        self.label = PodLabel(elector.api, elector.namespace, pod) if pod else None
 
     async def start(self) -> None:
         """Bind the port as a standby and start campaigning."""
@@ -228,6 +294,8 @@ class ElectedScheduler:
 
         check_exposure(self.settings)  # a standby's port is as reachable as a leader's
         await self._stand_by()
+        if self.label is not None:
+            await self.label.set(False)  # a restarted leader's stale label goes first
         self._task = asyncio.get_running_loop().create_task(self._campaign(), name="election")
 
     @property
@@ -253,6 +321,8 @@ class ElectedScheduler:
             elif not leading and self.running is not None:
                 log.warning("lost the lease %s: stopping the scheduler", self.elector.name)
                 await self._step_down()
+            if self.label is not None:
+                await self.label.set(self.running is not None)
             await asyncio.sleep(self.elector.retry_period)
 
     async def _lead(self) -> None:
@@ -260,8 +330,11 @@ class ElectedScheduler:
 
         await self._stop_standby()
         self.running = await start_scheduler(
-            self.settings.model_copy(update={"address": self.address})
+            self.settings.model_copy(
+                update={"address": self.address, "metrics_port": self.metrics_port}
+            )
         )
+        self.running.metrics.registry.register(_LeaderCollector(1.0))
         log.info("leading %s as %s", self.elector.name, self.elector.identity)
         self._changed.set()
 
@@ -291,11 +364,26 @@ class ElectedScheduler:
         self.address = f"{host}:{port}"  # keep the port for the scheduler that follows
         await server.start()
         self._standby = server
+        if self.metrics_port is not None:
+            # The standby is scraped too (no TargetDown on a healthy install).
+            from prometheus_client import CollectorRegistry, start_http_server
+
+            registry = CollectorRegistry()
+            registry.register(_LeaderCollector(0.0))
+            metrics, _ = start_http_server(
+                self.metrics_port, addr=self.settings.metrics_address, registry=registry
+            )
+            self.metrics_port = int(metrics.server_port)
+            self._standby_metrics = metrics
 
     async def _stop_standby(self) -> None:
         if self._standby is not None:
             await self._standby.stop(0)
             self._standby = None
+        if self._standby_metrics is not None:
+            metrics, self._standby_metrics = self._standby_metrics, None
+            await asyncio.to_thread(metrics.shutdown)  # waits for the serving thread
+            metrics.server_close()
 
     async def stop(self, *, release: bool = True) -> None:
         """Stop campaigning and serving; `release=False` leaves the lease to expire
@@ -309,5 +397,7 @@ class ElectedScheduler:
             await running.stop(0)
         await self._stop_standby()
         if release:
+            if self.label is not None:
+                await self.label.set(False)
             await self.elector.release()
         await self.elector.api.close()

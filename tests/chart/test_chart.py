@@ -10,11 +10,13 @@
 - the agent: hostPID, host /proc read-only, only SYS_PTRACE and KILL unless privileged
 - the webhook: opt-in by label, system and own namespaces skipped, fails open, short
   timeout, path = the operator's handler id, caBundle = the generated CA
-- the operator: one replica, Recreate; the scheduler: gRPC probes, PDB for one replica
-- the scheduler elects a leader by default (2 replicas, Lease RBAC narrowed to its Lease,
-  a rollout that does not wait for standbys, replicas spread over nodes, no PDB that
-  would block drains); more replicas without election or the shared store are refused
-- with TLS the scheduler's readiness follows the metrics port (open only while leading)
+- the operator: one replica, Recreate; the scheduler: gRPC probes on the overall health
+- the scheduler elects a leader by default (2 replicas, both Ready, Lease RBAC narrowed to
+  its Lease, pods patch for the leader label, a rolling update that keeps one serving,
+  replicas spread over nodes, a PDB of one); the gRPC Service selects the leader label,
+  the metrics Service every replica; more replicas without election or the shared store
+  are refused
+- with TLS the scheduler's readiness follows the metrics port (leader and standby open it)
 - env variables the chart sets are flags the commands really read (operator, agent,
   scheduler); server TLS variables are component-prefixed, never the client's names
 - the sim backend's root is the same folder for the agent and the webhook, inside the
@@ -193,14 +195,25 @@ def test_the_scheduler_elects_a_leader_by_default(default_objects: list[dict[str
     assert env["RLSLICE_LEADER_ELECT"] == "true"
     assert env["RLSLICE_LEASE_NAME"] == name
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    # Standbys are never ready: a rollout must not wait for them.
-    assert scheduler["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    # Every replica is Ready, so a rollout keeps one serving while it replaces the other.
+    assert scheduler["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pod = scheduler["spec"]["template"]["spec"]
     (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    # Only the leader is ready, so a budget would block drains: none is rendered.
-    assert not [o for o in default_objects if o["kind"] == "PodDisruptionBudget"]
+    # The standby counts as available, so a budget lets a drain take one replica at a time.
+    budget = find(default_objects, "PodDisruptionBudget", "scheduler")
+    assert budget["spec"]["maxUnavailable"] == 1
+    # gRPC reaches the leader only (the label it sets on its pod); metrics every replica.
+    services = {
+        o["metadata"]["name"]: o["spec"]["selector"]
+        for o in default_objects
+        if o["kind"] == "Service"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler"
+    }
+    assert services[name]["rlslice.dev/leader"] == "true"
+    assert "rlslice.dev/leader" not in services[f"{name}-metrics"]
     rules = find(default_objects, "Role", "scheduler")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]} in rules
     leases = [r for r in rules if r["resources"] == ["leases"]]
     assert {
         "apiGroups": ["coordination.k8s.io"],
@@ -231,7 +244,7 @@ def test_the_kubernetes_store_gets_configmaps_in_its_namespace_only(
         "resources": ["configmaps"],
         "verbs": ["get", "list", "create", "patch", "delete"],
     }
-    assert {r["resources"][0] for r in role["rules"]} == {"configmaps", "leases"}
+    assert {r["resources"][0] for r in role["rules"]} == {"configmaps", "leases", "pods"}
     assert (
         find(default_objects, "RoleBinding", "scheduler")["subjects"][0]["namespace"] == NAMESPACE
     )
@@ -347,10 +360,17 @@ def test_the_operator_runs_alone_and_the_scheduler_is_probed_over_grpc(
     assert operator["spec"]["strategy"] == {"type": "Recreate"}
     scheduler = find(default_objects, "Deployment", "scheduler")
     container = scheduler["spec"]["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["grpc"]["service"] == "rlslice.v1alpha1.Scheduler"
+    # The overall health, which a standby reports SERVING too: every healthy replica is Ready.
+    assert "service" not in container["readinessProbe"]["grpc"]
     assert "grpc" in container["livenessProbe"]
-    service = find(default_objects, "Service", "scheduler")
-    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+    ports = {
+        p["name"]
+        for o in default_objects
+        if o["kind"] == "Service"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler"
+        for p in o["spec"]["ports"]
+    }
+    assert ports == {"grpc", "metrics"}
 
 
 def test_tls_mounts_the_secret_and_switches_probes_to_tcp(
@@ -359,7 +379,7 @@ def test_tls_mounts_the_secret_and_switches_probes_to_tcp(
     scheduler = find(full_objects, "Deployment", "scheduler")
     pod = scheduler["spec"]["template"]["spec"]
     assert pod["volumes"][0]["secret"]["secretName"] == "rlslice-tls"
-    # Ready = the metrics port, which only a leading scheduler opens; alive = the gRPC port.
+    # Ready = the metrics port, which leader and standby open; alive = the gRPC port.
     assert pod["containers"][0]["readinessProbe"]["tcpSocket"] == {"port": "metrics"}
     assert pod["containers"][0]["livenessProbe"]["tcpSocket"] == {"port": "grpc"}
     env = env_of(scheduler)
