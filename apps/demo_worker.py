@@ -40,7 +40,7 @@ class Worker:
     def init(self) -> dict[str, Any]:
         socket_path = os.environ.get("RLSLICE_AGENT_SOCKET")
         if socket_path:
-            from rlslice.client._local import register_with_agent
+            from rlslice.client import register_with_agent
 
             register_with_agent(socket_path, self.job, self.group)
         from rlslice.client import sim

@@ -11,7 +11,17 @@ thread for blocking code. Without a scheduler configured both pass every call th
 """
 
 from rlslice.client._async_client import AsyncClient
+from rlslice.client._local import register_with_agent, register_with_agent_async
+from rlslice.client._phase import validate_phase
 from rlslice.client._results import Grant, YieldResult
 from rlslice.client._sync_client import Client
 
-__all__ = ["AsyncClient", "Client", "Grant", "YieldResult"]
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "Grant",
+    "YieldResult",
+    "register_with_agent",
+    "register_with_agent_async",
+    "validate_phase",
+]

@@ -39,8 +39,7 @@ from typing import Any, TypeVar, cast
 
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id
-from rlslice.client import AsyncClient, Client
-from rlslice.client._phase import validate_phase
+from rlslice.client import AsyncClient, Client, validate_phase
 from rlslice.integrations._clients import (
     ClientSource,
     aclose_process_clients,

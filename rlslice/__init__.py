@@ -1,7 +1,8 @@
 """rlslice: independent RL jobs take turns on the same GPUs.
 
-The public surface is small and pinned by a test: the clients, the grant they return,
-and the errors they raise. Everything else lives in component subpackages.
+The public surface is small and pinned by a test: the clients, the grant and yield results
+they return, and the errors they raise (a cancelled call raises asyncio's own
+`CancelledError`, never one of ours). Everything else lives in component subpackages.
 """
 
 from typing import TYPE_CHECKING
@@ -9,7 +10,6 @@ from typing import TYPE_CHECKING
 from rlslice._errors import (
     AbortedError,
     AlreadyExistsError,
-    CancelledError,
     DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
@@ -25,13 +25,12 @@ from rlslice._errors import (
 from rlslice._version import __version__
 
 if TYPE_CHECKING:  # type checkers see the real classes; at run time they load lazily
-    from rlslice.client import AsyncClient, Client, Grant
+    from rlslice.client import AsyncClient, Client, Grant, YieldResult
 
 __all__ = [
     "AbortedError",
     "AlreadyExistsError",
     "AsyncClient",
-    "CancelledError",
     "Client",
     "DeadlineExceededError",
     "FailedPreconditionError",
@@ -45,6 +44,7 @@ __all__ = [
     "RlsliceError",
     "UnauthenticatedError",
     "UnavailableError",
+    "YieldResult",
     "__version__",
 ]
 
@@ -81,7 +81,7 @@ _resolve_operator_folder_in_editable_installs()
 def __getattr__(name: str) -> object:
     # The client pulls in grpc; import it on first use so `rlslice --version` and the
     # pure cores stay light.
-    if name in {"Client", "AsyncClient", "Grant"}:
+    if name in {"Client", "AsyncClient", "Grant", "YieldResult"}:
         from rlslice import client
 
         return getattr(client, name)

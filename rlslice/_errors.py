@@ -47,10 +47,6 @@ class DeadlineExceededError(RlsliceError, TimeoutError):
     """The call's deadline passed (an acquire timeout, say)."""
 
 
-class CancelledError(RlsliceError):
-    """The call was cancelled by its caller."""
-
-
 class AbortedError(RlsliceError):
     """The operation was aborted by a concurrent change (a switch rolled back, say)."""
 

@@ -49,8 +49,7 @@ class EventLog:
 def worker(job: str, group: str, node_dir: str, device_index: int) -> int:
     """Register with the agent, then answer init/step/hash/quit on stdin."""
     from rlslice import UnavailableError
-    from rlslice.client import sim
-    from rlslice.client._local import register_with_agent
+    from rlslice.client import register_with_agent, sim
 
     give_up = time.monotonic() + 60
     while True:  # the node's agent may be down (killed by the soak) for a moment

@@ -24,7 +24,7 @@ _JOB = r"""
 import sys, zlib
 import numpy as np
 from rlslice.client import sim
-from rlslice.client._local import register_with_agent
+from rlslice.client import register_with_agent
 socket_path, node_dir, job, size, seed = sys.argv[1:6]
 register_with_agent(socket_path, job, "bench")
 buffer = sim.attach(job=job, node_dir=node_dir).alloc(int(size), tag="state")

@@ -16,7 +16,6 @@ _TO_CODE: dict[type[e.RlsliceError], grpc.StatusCode] = {
     e.ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     e.UnavailableError: grpc.StatusCode.UNAVAILABLE,
     e.DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    e.CancelledError: grpc.StatusCode.CANCELLED,
     e.AbortedError: grpc.StatusCode.ABORTED,
     e.InternalError: grpc.StatusCode.INTERNAL,
 }

@@ -17,8 +17,7 @@ import random
 import subprocess
 import sys
 
-from rlslice.client import sim
-from rlslice.client._local import register_with_agent
+from rlslice.client import register_with_agent, sim
 
 
 def main() -> int:

@@ -15,7 +15,15 @@ import rlslice
 import rlslice.client
 from rlslice.client import AsyncClient, Client, Grant, YieldResult
 
-EXPECTED = {"AsyncClient", "Client", "Grant", "YieldResult"}
+EXPECTED = {
+    "AsyncClient",
+    "Client",
+    "Grant",
+    "YieldResult",
+    "register_with_agent",
+    "register_with_agent_async",
+    "validate_phase",
+}
 CALLS = {"acquire", "yield_", "release", "phase", "close", "yield_requested"}
 
 

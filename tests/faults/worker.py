@@ -34,8 +34,7 @@ def _say(answer: dict[str, Any]) -> None:
 
 
 def worker(socket_path: str, node_dir: str, job: str, group: str) -> int:
-    from rlslice.client import sim
-    from rlslice.client._local import register_with_agent
+    from rlslice.client import register_with_agent, sim
 
     registered = register_with_agent(socket_path, job, group).pid
     _say({"pid": os.getpid(), "registered_pid": registered})

@@ -6,7 +6,6 @@ EXPECTED = {
     "AbortedError",
     "AlreadyExistsError",
     "AsyncClient",
-    "CancelledError",
     "Client",
     "DeadlineExceededError",
     "FailedPreconditionError",
@@ -20,6 +19,7 @@ EXPECTED = {
     "RlsliceError",
     "UnauthenticatedError",
     "UnavailableError",
+    "YieldResult",
     "__version__",
 }
 
