@@ -13,6 +13,11 @@ holds nothing is a no-op on the workload side, so this is safe to repeat.
 
 No privileges, no driver API: torch tensors move to pinned host buffers, vLLM sleeps,
 SGLang releases memory. Options: `discard_tags` (per snapshot), `rollback_seconds` (60).
+
+A fencing snapshot (option `fence=1`: the scheduler fences a holder whose lease lapsed,
+which may be mid-step) never offloads: an offload under a running step would move tensors
+the step is using. The job's processes are stopped (SIGSTOP) and nothing moves; its state
+stays on the device. The next restore resumes them (then a RESTORE, a no-op).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import ClassVar
 
+from rlslice.snapshot_agent.backends import _freeze
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
 from rlslice.snapshot_agent.backends.base import (
     BackendContext,
@@ -115,8 +121,14 @@ class AppBackend:
         return job.workloads
 
     async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        links = self._links(job)
         start = time.monotonic()
+        if job.options.get("fence") == "1":
+            try:
+                await _freeze.stop(job.pids, deadline=deadline)
+            except TimeoutError as error:
+                raise BackendError(f"app: fence of job {job.job}: {error}") from error
+            return MoveOutcome(bytes=0, seconds=time.monotonic() - start)
+        links = self._links(job)
         wanted = discard_tags(job)
         answers = await self._send(
             links,
@@ -151,6 +163,8 @@ class AppBackend:
                 log.error("app: rollback restore of job %s: %s", job.job, _why(answer))
 
     async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        # A fenced job was stopped, not offloaded: it runs on first.
+        _freeze.resume(pid for pid in job.pids if _freeze.stopped(pid))
         links = self._links(job)
         start = time.monotonic()
         answers = await self._send(
