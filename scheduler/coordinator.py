@@ -340,7 +340,10 @@ class Coordinator:
                     node, "Release", request, self._status_timeout, f"release of {job}"
                 )
             except AgentCallError as error:
-                log.warning("%s", error)
+                # NOT_FOUND: that node never knew the job (a lock-only job, or one whose
+                # processes run elsewhere): nothing was there to release.
+                quiet = error.code == grpc.StatusCode.NOT_FOUND
+                log.log(logging.DEBUG if quiet else logging.WARNING, "%s", error)
 
         await asyncio.gather(*(one(node) for node in self.nodes_for(spec)))
 
