@@ -73,6 +73,9 @@ COMMANDS: dict[str, Command] = {
         "a job's phase profile (YAML) from a scheduler's events",
         ("planner",),
     ),
+    "completion": Command(
+        "rlslice.apps.completion", "print a shell completion script (bash or zsh)"
+    ),
     "advise": Command(
         "rlslice.apps.advise",
         "which jobs should share GPUs: ranked pairings and group definitions",
@@ -89,8 +92,8 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "psutil": ("agent",),
     "yaml": ("scheduler", "planner"),
     "rich": ("console",),
-    "kubernetes_asyncio": ("scheduler", "agent", "operator"),
-    "aiohttp": ("scheduler", "agent", "operator"),
+    "kubernetes_asyncio": ("scheduler", "agent"),
+    "aiohttp": ("scheduler", "agent"),
     "cuda": ("cuda",),
     "pynvml": ("cuda",),
     "kopf": ("operator",),
@@ -99,6 +102,9 @@ MODULE_EXTRAS: dict[str, tuple[str, ...]] = {
     "matplotlib": ("planner",),
     "opentelemetry": ("tracing",),
 }
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _command_in(argv: Sequence[str]) -> str | None:
@@ -119,12 +125,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="rlslice", description="Time-slice GPUs between reinforcement-learning jobs."
     )
     parser.add_argument("--version", action="version", version=f"rlslice {__version__}")
-    parser.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
-    )
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
+    # Also accepted after the subcommand (`rlslice status --log-level DEBUG`); SUPPRESS keeps
+    # the top-level value when it is not repeated there.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():
-        subparser = sub.add_parser(name, help=command.help, description=command.help)
+        subparser = sub.add_parser(
+            name, help=command.help, description=command.help, parents=[common]
+        )
         if only is None or only == name:
             module = importlib.import_module(command.module)
             module.configure(subparser)

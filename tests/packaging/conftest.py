@@ -26,6 +26,7 @@ SOURCES = (
     "apps",
     "testing",
 )
+PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 
@@ -41,8 +42,7 @@ def build_wheel(workdir: Path) -> Path:
             shutil.copy2(path, source / name)
     out = workdir / "wheel"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-        + [str(source), "-w", str(out)],
+        [*PIP_WHEEL, str(source), "-w", str(out)],
         check=True,
         capture_output=True,
         timeout=120,

@@ -111,11 +111,13 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     address = f"127.0.0.1:{_free_port()}"
     socket_path = tmp / "agent.sock"
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up"]
-        + ["--address", address, "--agent-address", f"127.0.0.1:{_free_port()}"]
-        + ["--store", str(tmp / "s.db"), "--socket", str(socket_path)]
-        + ["--state-dir", str(tmp / "agent"), "--sim-root", str(tmp / "sim")]
-        + ["--host-reserve-bytes", "0"],
+        [
+            *(sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up"),
+            *("--address", address, "--agent-address", f"127.0.0.1:{_free_port()}"),
+            *("--store", str(tmp / "s.db"), "--socket", str(socket_path)),
+            *("--state-dir", str(tmp / "agent"), "--sim-root", str(tmp / "sim")),
+            *("--host-reserve-bytes", "0"),
+        ],
         env={**os.environ, "PYTHONSAFEPATH": "1"},
         stdout=subprocess.DEVNULL,
     )
