@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,9 @@ from rlslice.apps.bench._soak_cluster import Cluster, child_env
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2_grpc
 from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+from . import netfault
+from .netfault import Nft
 
 WORKER = Path(__file__).with_name("worker.py")
 MiB = 1 << 20
@@ -108,12 +111,20 @@ class Faults:
         return await self._spawn("worker", str(agent.socket_path), str(agent.node_dir), job, group)
 
     async def driver(
-        self, job: str, group: str = "g", lease: float = 30.0, device_bytes: int = 0
+        self,
+        job: str,
+        group: str = "g",
+        lease: float = 30.0,
+        device_bytes: int = 0,
+        gid: int | None = None,
     ) -> Proc:
-        """A driver process of `job` holding its own `rlslice.Client`."""
-        return await self._spawn("driver", self.address, job, group, str(lease), str(device_bytes))
+        """A driver process of `job` holding its own `rlslice.Client`; `gid`: its group id
+        (so an nftables rule can cut it off, see `netfault`)."""
+        args = ("driver", self.address, job, group, str(lease), str(device_bytes))
+        return await self._spawn(*args, gid=gid)
 
-    async def _spawn(self, *args: str) -> Proc:
+    async def _spawn(self, *args: str, gid: int | None = None) -> Proc:
+        extra: dict[str, Any] = {} if gid is None else {"group": gid, "extra_groups": []}
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             str(WORKER),
@@ -121,6 +132,7 @@ class Faults:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=child_env(),
+            **extra,
         )
         proc = Proc(process)
         self.procs.append(proc)
@@ -225,3 +237,20 @@ def faults(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextManag
             running.close()
 
     return make
+
+
+@pytest.fixture
+def nft() -> Iterator[Nft]:
+    """A table of nftables rules on lo for this test, deleted afterwards, pass or fail.
+
+    Without root or nft the test skips; under CI (`CI=true`) it fails instead."""
+    why = netfault.missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"kernel network faults are required in CI: {why}")
+        pytest.skip(why)
+    table = Nft().open()
+    try:
+        yield table
+    finally:
+        table.close()

@@ -10,7 +10,9 @@
         {"op": "quit"}
     worker.py driver SCHEDULER JOB GROUP LEASE_SECONDS DEVICE_BYTES
         The job's driver (never frozen): holds an `rlslice.Client` and answers
-        {"op": "acquire", "timeout": T}, {"op": "yield"}, {"op": "quit"}.
+        {"op": "acquire", "timeout": T}, {"op": "yield"}, {"op": "quit"}, and
+        {"op": "enter"} / {"op": "exit"}: enter and leave a `client.phase("train")` block
+        (an error, LockLostError say, comes back as {"ok": false, "error": NAME}).
 
 The first line of either is {"pid": ...}. Like the demo's jobs, only the worker registers
 with the agent, so only the worker is frozen while the job is parked.
@@ -77,11 +79,18 @@ def driver(scheduler: str, job: str, group: str, lease: str, device_bytes: str) 
         device_bytes=int(device_bytes),
     )
     _say({"pid": os.getpid()})
+    phase = client.phase("train")
     for line in sys.stdin:
         command = json.loads(line)
         op = command["op"]
         try:
-            if op == "acquire":
+            if op == "enter":
+                grant = phase.__enter__()
+                _say({"ok": True, "epoch": grant.epoch, "restored": grant.restored})
+            elif op == "exit":
+                phase.__exit__(None, None, None)
+                _say({"ok": True})
+            elif op == "acquire":
                 grant = client.acquire(timeout=float(command.get("timeout", 30)))
                 _say({"ok": True, "epoch": grant.epoch, "restored": grant.restored})
             elif op == "yield":
@@ -92,7 +101,10 @@ def driver(scheduler: str, job: str, group: str, lease: str, device_bytes: str) 
                 _say({"ok": True})
                 return 0
         except RlsliceError as error:
-            _say({"ok": False, "error": type(error).__name__, "message": str(error)})
+            epoch = getattr(error, "epoch", None)
+            _say(
+                {"ok": False, "error": type(error).__name__, "message": str(error), "epoch": epoch}
+            )
     return 0
 
 

@@ -1,0 +1,90 @@
+"""A holder that is alive but cut off from the scheduler is fenced before anyone else runs.
+
+Real `rlslice scheduler` and `rlslice agent` processes, real job processes (`worker.py`), a
+real partition: an nftables rule on lo drops what the holder's driver sends to the
+scheduler (matched by the driver's own group id), while its GPU worker runs on.
+
+Cases:
+- the partitioned holder's lease lapses; before the waiter (which would fit beside it) is
+  granted, the holder's worker is fenced: frozen, its state parked on the agent; the grant's
+  epoch (the fencing token) is above the lost one; the waiter is granted within the lease
+  plus the switch time plus a margin;
+- after the partition heals, the holder's phase raises LockLostError naming the lost
+  epoch; the job acquires again once the other yields, its worker runs again and its
+  device state is byte for byte what it was (invariant 5); the rule is gone afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rlslice.client import AsyncClient
+from rlslice.v1alpha1 import agent_pb2 as apb
+
+from . import netfault
+
+if TYPE_CHECKING:
+    from conftest import Faults
+    from netfault import Nft
+
+MiB = 1 << 20
+STATE = 2 * MiB
+LEASE = 2.0
+#: Seconds beyond lease + switch the waiter may wait on a loaded 2-core machine.
+MARGIN = 3.0
+
+
+async def test_a_partitioned_holder_is_fenced_before_the_waiter_is_granted_and_resumes_intact(
+    faults: Callable[..., Any], nft: Nft
+) -> None:
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        gid = netfault.fresh_gid()
+        driver_a = await f.driver("a", lease=LEASE, device_bytes=STATE, gid=gid)
+        worker_a = await f.worker("n1", "a")
+        entered = await driver_a.call(op="enter")
+        assert entered["ok"], entered
+        before = (await worker_a.call(op="init", size=STATE, seed=1))["hash"]
+        async with AsyncClient(
+            job="b", group="g", scheduler=f.address, lease_seconds=30, device_bytes=STATE
+        ) as b:
+            waiting = asyncio.ensure_future(b.acquire(timeout=60))
+            await f.eventually(lambda: _queued(f, "b"))
+            rule = nft.cut(gid, int(f.address.rsplit(":", 1)[1]))
+            cut = time.monotonic()
+            grant = await waiting
+            waited = time.monotonic() - cut
+            # Fenced before b was granted: frozen, parked, not rolled back.
+            assert worker_a.state == "T"
+            entry = await f.agent_job("n1", "a")
+            assert entry is not None
+            assert entry.state == apb.AGENT_JOB_STATE_PARKED
+            assert entry.host_bytes >= STATE
+            assert grant.epoch > entered["epoch"]
+            assert waited <= LEASE + grant.switch_seconds + MARGIN, waited
+            status = await f.group()
+            assert status.holder == "b"
+            assert "a" not in {j.job for j in status.jobs}
+            nft.heal(rule)
+            lost = await driver_a.call(op="exit", timeout=30)
+            assert lost["error"] == "LockLostError", lost
+            assert lost["epoch"] == entered["epoch"]
+            again = asyncio.ensure_future(driver_a.call(op="enter", timeout=60))
+            await f.eventually(lambda: _queued(f, "a"), timeout=30)
+            assert worker_a.state == "T"  # still fenced while b holds
+            await b.yield_()
+            resumed = await again
+            assert resumed["ok"], resumed
+            assert resumed["epoch"] > grant.epoch
+            assert worker_a.state != "T"
+            assert await worker_a.hash() == before
+            await f.check(live={"a": [worker_a]})
+            assert (await driver_a.call(op="exit"))["ok"]
+        assert "skgid" not in nft.rules()
+
+
+async def _queued(f: Faults, job: str) -> bool:
+    return job in (await f.group()).queue
