@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,11 @@ from rlslice.snapshot_agent.backends.base import (
     DeviceMemoryError,
     DeviceUsage,
     JobHandle,
+    MoveOutcome,
     OptionsError,
     ProbeResult,
+    SupportsSwap,
+    SwapError,
     WorkloadLink,
 )
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable, LocalServer
@@ -66,6 +69,53 @@ class MoveReply:
     absent: bool = False
     epoch: int = 0
     backend: str = ""
+
+
+@dataclass(frozen=True)
+class SwitchHalf:
+    """One job of a Switch call."""
+
+    job: str
+    backend: str = ""
+    options: Mapping[str, str] = field(default_factory=dict)
+    discard_tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SwitchFailure:
+    """Which half of a Switch failed on this node (both were undone)."""
+
+    job: str
+    move: Move
+    reason: str
+    resource_exhausted: bool = False
+
+
+@dataclass(frozen=True)
+class SwitchReply:
+    """The answer to a Switch on this node."""
+
+    outgoing: tuple[MoveReply, ...]
+    incoming: MoveReply | None
+    seconds: float
+    overlapped: bool = False
+    failure: SwitchFailure | None = None
+
+
+@dataclass
+class _Half:
+    """One move of a Switch under way."""
+
+    move: Move
+    entry: JobEntry
+    before: state.JobRecord
+    released: bool
+    name: str
+    backend: Backend
+    handle: JobHandle
+    outcome: MoveOutcome | None = None
+    error: BaseException | None = None
+    undone: bool = False
 
 
 @dataclass(frozen=True)
@@ -501,6 +551,244 @@ class AgentEngine:
         result = entry.record.last
         assert result is not None
         return MoveReply(job, result.state, result.bytes, result.seconds, False, False, epoch, name)
+
+    # -- switches (one node's half of a group switch) -----------------------------------
+
+    async def switch(
+        self,
+        group: str,
+        epoch: int,
+        outgoing: Sequence[SwitchHalf],
+        incoming: SwitchHalf | None,
+        *,
+        headroom_bytes: int = 0,
+        timeout: float = 120.0,
+    ) -> SwitchReply:
+        """Snapshot `outgoing` and restore `incoming` on this node at once, all or nothing.
+
+        A backend that `SupportsSwap` admits incoming bytes as outgoing bytes leave; other
+        backends run both halves side by side when the incoming job fits beside the
+        outgoing ones (free device memory minus `headroom_bytes`), one after the other
+        otherwise. A failed half undoes the other: outgoing jobs run on, the incoming job
+        stays parked, and the reply's `failure` names the half. Refusals (a stale epoch, a
+        job in another group, host memory short) raise before anything moves."""
+        validate_id(group, "group")
+        if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
+            raise InvalidArgumentError(f"epoch: {epoch} is outside [0, {MAX_EPOCH}]")
+        halves = [*outgoing, *([incoming] if incoming is not None else [])]
+        for half in halves:
+            validate_id(half.job, "job")
+            if half.backend:
+                validate_id(half.backend, "backend")
+        if len({half.job for half in halves}) != len(halves):
+            raise InvalidArgumentError("switch: a job appears twice")
+        deadline = time.time() + timeout
+        task = self._spawn(
+            self._switch(group, epoch, tuple(outgoing), incoming, headroom_bytes, deadline)
+        )
+        result = await asyncio.shield(task)
+        assert isinstance(result, SwitchReply)
+        return result
+
+    async def _switch(
+        self,
+        group: str,
+        epoch: int,
+        outgoing: tuple[SwitchHalf, ...],
+        incoming: SwitchHalf | None,
+        headroom: int,
+        deadline: float,
+    ) -> SwitchReply:
+        started = time.perf_counter()
+        if self.before_move is not None:
+            await self.before_move()
+        asked = [(h, Move.SNAPSHOT) for h in outgoing]
+        if incoming is not None:
+            asked.append((incoming, Move.RESTORE))
+        entries = {h.job: self.table.entries.get(h.job) for h, _ in asked}
+        answers: dict[str, MoveReply] = {}
+        running: list[_Half] = []
+        async with contextlib.AsyncExitStack() as locks:
+            for name in sorted(j for j, e in entries.items() if e is not None):
+                entry = entries[name]
+                assert entry is not None
+                await locks.enter_async_context(entry.lock)
+            for half, move in asked:
+                entry = entries[half.job]
+                if entry is None:
+                    answers[half.job] = MoveReply(half.job, None, absent=True, epoch=epoch)
+                    continue
+                found = await self._plan_half(entry, half, move, group, epoch, deadline)
+                if isinstance(found, MoveReply):
+                    answers[half.job] = found
+                else:
+                    running.append(found)
+            if running:
+                for half in running:  # every refusal before anything moves
+                    if half.move is Move.SNAPSHOT:
+                        await self._guard(half.handle, half.backend)
+                for half in running:
+                    half.entry.record = state.begin(half.before, half.move, epoch, half.name)
+                    half.entry.released = False
+                self.table.save()
+                self._refresh_jobs()
+                overlapped = await self._run_halves(running, headroom, deadline)
+                failure = self._settle_halves(running, epoch, time.perf_counter() - started)
+                self.table.save()
+                for half in running:
+                    answers[half.entry.record.job] = self._reply_for(half, epoch)
+            else:
+                overlapped, failure = False, None
+        for half in running:
+            if failure is None and half.outcome is not None:
+                await self._observe(half.move, half.name, half.outcome.bytes, half.outcome.seconds)
+        self._refresh_jobs()
+        return SwitchReply(
+            outgoing=tuple(answers[h.job] for h in outgoing),
+            incoming=answers[incoming.job] if incoming is not None else None,
+            seconds=time.perf_counter() - started,
+            overlapped=overlapped,
+            failure=failure,
+        )
+
+    async def _plan_half(
+        self, entry: JobEntry, half: SwitchHalf, move: Move, group: str, epoch: int, deadline: float
+    ) -> MoveReply | _Half:
+        record = entry.record
+        job = record.job
+        if record.group != group:
+            raise FailedPreconditionError(
+                f"group: job {job} is in group {record.group} on node {self.node}, not {group}"
+            )
+        pids = family(entry.processes)
+        decision = state.decide(record, move, epoch, has_processes=bool(pids))
+        if isinstance(decision, state.Absent):
+            return MoveReply(job, record.state, absent=True, epoch=epoch)
+        if isinstance(decision, state.Repeat):
+            r = decision.result
+            return MoveReply(job, r.state, r.bytes, r.seconds, True, False, r.epoch, r.backend)
+        if isinstance(decision, state.Refuse):
+            raise FailedPreconditionError(decision.message)
+        name = self._backend_for(entry, move, half.backend)
+        backend = await self.backend(name)
+        await self._await_workloads(entry, backend, deadline)
+        tags = half.discard_tags if move is Move.SNAPSHOT else ()
+        handle = self._handle(entry, pids, dict(half.options), tags)
+        return _Half(move, entry, record, entry.released, name, backend, handle)
+
+    async def _run_halves(self, halves: list[_Half], headroom: int, deadline: float) -> bool:
+        """Run the moves; fill each half's outcome or error and undo the others on a
+        failure. True when the restore overlapped the snapshots."""
+        outs = [h for h in halves if h.move is Move.SNAPSHOT]
+        into = next((h for h in halves if h.move is Move.RESTORE), None)
+        backend = halves[0].backend
+        if len({h.name for h in halves}) == 1 and isinstance(backend, SupportsSwap):
+            try:
+                done = await backend.swap(
+                    [h.handle for h in outs],
+                    into.handle if into is not None else None,
+                    headroom_bytes=headroom,
+                    deadline=deadline,
+                )
+            except SwapError as error:
+                for half in halves:
+                    if half.handle.job == error.job:
+                        half.error = error.cause
+                    else:
+                        half.undone = True
+                return False
+            except Exception as error:  # a bug: the backend undid what it could
+                log.exception("switch: the %s backend failed unexpectedly", backend.name)
+                for half in halves:
+                    half.error = error
+                return False
+            for half, outcome in zip(outs, done.outgoing, strict=True):
+                half.outcome = outcome
+            if into is not None:
+                into.outcome = done.incoming
+            return done.overlapped
+        side_by_side = into is None or not outs or await self._fits(into, headroom)
+
+        async def run(half: _Half) -> None:
+            try:
+                if half.move is Move.SNAPSHOT:
+                    half.outcome = await half.backend.snapshot(half.handle, deadline=deadline)
+                else:
+                    half.outcome = await half.backend.restore(half.handle, deadline=deadline)
+            except Exception as error:
+                half.error = error
+
+        if side_by_side:
+            await asyncio.gather(*(run(h) for h in halves))
+        else:
+            await asyncio.gather(*(run(h) for h in outs))
+            if into is not None and not any(h.error for h in outs):
+                await run(into)
+        if any(h.error for h in halves):
+            for half in halves:  # undo the halves that went through
+                if half.outcome is None:
+                    continue
+                try:
+                    if half.move is Move.SNAPSHOT:
+                        await half.backend.restore(half.handle, deadline=deadline + 60)
+                    else:
+                        await half.backend.snapshot(half.handle, deadline=deadline + 60)
+                    half.undone, half.outcome = True, None
+                except Exception as error:
+                    log.error(
+                        "job %s: undoing its %s failed: %s", half.handle.job, half.move.value, error
+                    )
+        return side_by_side and into is not None and bool(outs)
+
+    async def _fits(self, into: _Half, headroom: int) -> bool:
+        """Whether the incoming job's parked bytes fit in free device memory now."""
+        devices = await into.backend.devices()
+        frees = [d.total_bytes - d.used_bytes for d in devices]
+        free = len(frees) * min(frees) if frees else 0
+        return into.before.parked_bytes + headroom <= free
+
+    def _settle_halves(
+        self, halves: list[_Half], epoch: int, seconds: float
+    ) -> SwitchFailure | None:
+        """Each half's record after the moves; the failure, if any."""
+        failed = next((h for h in halves if h.error is not None), None)
+        for half in halves:
+            entry = half.entry
+            if failed is None and half.outcome is not None:
+                entry.record = state.succeed(
+                    entry.record, half.move, epoch, half.outcome.bytes, half.outcome.seconds
+                )
+            elif half.error is not None:
+                reason = str(half.error) or type(half.error).__name__
+                if isinstance(half.error, OptionsError):
+                    entry.record, entry.released = half.before, half.released
+                else:
+                    entry.record = state.fail(entry.record, half.move, epoch, reason, seconds)
+            elif half.outcome is None:  # undone, or never run: as it was
+                entry.record, entry.released = half.before, half.released
+            else:  # went through and could not be undone: it moved
+                entry.record = state.succeed(
+                    entry.record, half.move, epoch, half.outcome.bytes, half.outcome.seconds
+                )
+        if failed is None:
+            return None
+        error = failed.error
+        reason = str(error) or type(error).__name__
+        if not isinstance(error, BackendError):
+            log.error(
+                "job %s: %s failed unexpectedly: %s", failed.handle.job, failed.move.value, reason
+            )
+        short = isinstance(error, DeviceMemoryError | ResourceExhaustedError)
+        return SwitchFailure(failed.handle.job, failed.move, reason.splitlines()[0], short)
+
+    def _reply_for(self, half: _Half, epoch: int) -> MoveReply:
+        record = half.entry.record
+        last = record.last
+        if last is not None and last.epoch == epoch and last.move is half.move:
+            return MoveReply(
+                record.job, last.state, last.bytes, last.seconds, False, False, epoch, half.name
+            )
+        return MoveReply(record.job, record.state, epoch=epoch, backend=half.name)
 
     def _backend_for(self, entry: JobEntry, move: Move, asked: str) -> str:
         record = entry.record

@@ -12,7 +12,7 @@ from rlslice._errors import InternalError, RlsliceError
 from rlslice.adapters.auth import Role
 from rlslice.adapters.grpc_errors import abort_with
 from rlslice.adapters.server import method_roles
-from rlslice.snapshot_agent.engine import AgentEngine, MoveReply
+from rlslice.snapshot_agent.engine import AgentEngine, MoveReply, SwitchHalf, SwitchReply
 from rlslice.snapshot_agent.state import JobState, Move
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
@@ -72,8 +72,34 @@ def move_result(reply: MoveReply) -> agent_pb2.MoveResult:
     )
 
 
+def _half(move: agent_pb2.SwitchMove) -> SwitchHalf:
+    return SwitchHalf(move.job, move.backend, dict(move.options), tuple(move.discard_tags))
+
+
+def switch_result(reply: SwitchReply) -> agent_pb2.SwitchResult:
+    """The wire form of a Switch's answer."""
+    result = agent_pb2.SwitchResult(
+        outgoing=[move_result(r) for r in reply.outgoing],
+        seconds=reply.seconds,
+        overlapped=reply.overlapped,
+    )
+    if reply.incoming is not None:
+        result.incoming.CopyFrom(move_result(reply.incoming))
+    if reply.failure is not None:
+        failure = reply.failure
+        result.failure.CopyFrom(
+            agent_pb2.SwitchFailure(
+                job=failure.job,
+                move=failure.move.value,
+                reason=failure.reason,
+                resource_exhausted=failure.resource_exhausted,
+            )
+        )
+    return result
+
+
 class AgentServicer(agent_pb2_grpc.AgentServicer):
-    """Snapshot, Restore, Release, Status, Probe."""
+    """Snapshot, Restore, Switch, Release, Status, Probe."""
 
     def __init__(self, engine: AgentEngine) -> None:
         self._engine = engine
@@ -110,6 +136,23 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 timeout=_timeout(context),
             )
             return move_result(reply)
+
+        return await _answer(context, work)
+
+    async def Switch(
+        self, request: agent_pb2.SwitchRequest, context: Context
+    ) -> agent_pb2.SwitchResult:
+        async def work() -> agent_pb2.SwitchResult:
+            incoming = request.incoming if request.HasField("incoming") else None
+            reply = await self._engine.switch(
+                request.group,
+                request.epoch,
+                [_half(m) for m in request.outgoing],
+                _half(incoming) if incoming is not None and incoming.job else None,
+                headroom_bytes=max(0, request.headroom_bytes),
+                timeout=_timeout(context),
+            )
+            return switch_result(reply)
 
         return await _answer(context, work)
 

@@ -134,6 +134,45 @@ class DeviceMemoryError(BackendError):
     answers RESOURCE_EXHAUSTED, so the scheduler can evict another job and retry."""
 
 
+@dataclass(frozen=True)
+class SwapOutcome:
+    """What one node's half of an overlapped switch did (see `SupportsSwap.swap`)."""
+
+    outgoing: tuple[MoveOutcome, ...]
+    """One per outgoing job, in order."""
+    incoming: MoveOutcome | None
+    overlapped: bool
+    """True when incoming bytes were admitted while outgoing bytes were still leaving."""
+
+
+class SwapError(BackendError):
+    """A swap failed and was undone: every outgoing job runs on, the incoming job stays
+    parked. `job` and `move` name the half that failed; `cause` is its error."""
+
+    def __init__(self, job: str, move: str, cause: BackendError) -> None:
+        super().__init__(str(cause))
+        self.job, self.move, self.cause = job, move, cause
+
+
+@runtime_checkable
+class SupportsSwap(Protocol):
+    """A backend that overlaps one node's snapshots and restore itself, admitting incoming
+    bytes as outgoing bytes leave (the agent runs other backends' halves side by side when
+    the incoming job fits beside the outgoing ones, one after the other otherwise)."""
+
+    async def swap(
+        self,
+        outgoing: Sequence[JobHandle],
+        incoming: JobHandle | None,
+        *,
+        headroom_bytes: int,
+        deadline: float,
+    ) -> SwapOutcome:
+        """Snapshot `outgoing` and restore `incoming` at once, all or nothing: on failure
+        undo both halves, then raise SwapError."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Moves device state for verified jobs. Implementations: sim, cuda, cuda-checkpoint, app."""

@@ -7,13 +7,24 @@ agent), writes a manifest, then frees the device by truncating the buffer files 
 The job's mappings stay valid: a restore grows the files back, copies the bytes in, removes
 the manifest and SIGCONTs the processes, which find their memory as they left it.
 
-Copies are paced to `rate_gbps` and each move costs `overhead_seconds` more, to model PCIe
-and driver costs. The manifest is the backend's truth after an agent restart: present
-means PARKED, absent means RUNNING (an interrupted move is settled on the spot).
+Copies are paced by the node's link and each move costs `overhead_seconds` more, to model
+PCIe and driver costs. The link is full duplex, as PCIe is: copies out (device to host) and
+in (host to device) are paced separately, at `out_gbps` and `in_gbps` (both `rate_gbps`
+unless set), optionally under a shared cap `link_gbps` for both directions together;
+concurrent copies in one direction share its rate. The manifest is the backend's truth
+after an agent restart: present means PARKED, absent means RUNNING (an interrupted move is
+settled on the spot).
 
-Options (agent level, from `SimSettings`; `rate_gbps` and `overhead_seconds` may also come
-per group through the job's options): devices, capacity_bytes, rate_gbps,
-overhead_seconds, root.
+`swap` is one node's half of an overlapped switch (see `swap`): the outgoing jobs' buffers
+are copied out and freed chunk by chunk, from their ends, and the incoming job's buffers
+grow chunk by chunk as that memory frees, never above capacity minus the headroom while
+bytes are still leaving. A journal written before anything is freed lets an interrupted
+swap (an agent killed half-way) give every freed chunk back from the parked copy.
+
+Options (agent level, from `SimSettings`; `rate_gbps`, `out_gbps`, `in_gbps`, `link_gbps`
+and `overhead_seconds` may also come per group through the job's options): devices,
+capacity_bytes, rate_gbps, out_gbps, in_gbps, link_gbps, chunk_bytes, overhead_seconds,
+root.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from rlslice.snapshot_agent.backends import _freeze, _simfs
+from rlslice.snapshot_agent.backends import _freeze, _simfs, _simswap
 from rlslice.snapshot_agent.backends.base import (
     BackendContext,
     BackendError,
@@ -39,6 +50,8 @@ from rlslice.snapshot_agent.backends.base import (
     MoveOutcome,
     OptionsError,
     ProbeResult,
+    SwapError,
+    SwapOutcome,
 )
 
 GiB = 1 << 30
@@ -59,28 +72,77 @@ def _float(options: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
-class _Pacer:
-    """Sleeps so that `done` bytes take at least `done / rate` seconds since the start;
-    stops the copy past the deadline or when the waiting coroutine is cancelled."""
+class _Link:
+    """A node's host link, full duplex: each direction paced at its own rate, both under an
+    optional shared cap. A copy reserves its bytes before it runs and waits out what is
+    left of its reservation after; concurrent copies in one direction queue behind each
+    other, copies in opposite directions do not (unless the shared cap binds)."""
 
-    def __init__(self, rate_gbps: float, deadline: float) -> None:
-        self._rate = rate_gbps * 1e9
+    def __init__(self, out_gbps: float, in_gbps: float, shared_gbps: float = 0.0) -> None:
+        self._rates = {"out": out_gbps * 1e9, "in": in_gbps * 1e9}
+        self._shared = shared_gbps * 1e9
+        self._free = {"out": 0.0, "in": 0.0}
+        self._shared_free = 0.0
+        self._lock = threading.Lock()
+
+    def reserve(self, direction: str, nbytes: int) -> float:
+        """`time.perf_counter()` time by which `nbytes` more in `direction` may be done."""
+        with self._lock:
+            now = time.perf_counter()
+            until = now
+            rate = self._rates[direction]
+            if rate > 0:
+                until = max(now, self._free[direction]) + nbytes / rate
+                self._free[direction] = until
+            if self._shared > 0:
+                shared = max(now, self._shared_free) + nbytes / self._shared
+                self._shared_free = shared
+                until = max(until, shared)
+            return until
+
+
+class _Pacer:
+    """Paces one copy on the link; stops it past the deadline or when the waiting coroutine
+    is cancelled (or, in a swap, when another half failed)."""
+
+    def __init__(
+        self,
+        link: _Link,
+        direction: str,
+        deadline: float,
+        abort: threading.Event | None = None,
+        chunk: int = _CHUNK,
+    ) -> None:
+        self._link, self._direction = link, direction
+        self.chunk = chunk
         self.deadline = deadline
-        self._start = time.perf_counter()
         self.cancelled = threading.Event()
+        self._abort = abort
+        self._until = 0.0
 
     def check(self) -> None:
         if self.cancelled.is_set():
             raise TimeoutError("the move was cancelled")
+        if self._abort is not None and self._abort.is_set():
+            raise _Aborted("another half of the switch failed")
         if time.time() > self.deadline:
             raise TimeoutError("the copy ran past the deadline")
 
-    def after(self, done: int) -> None:
+    def reserve(self, nbytes: int) -> None:
+        """Before copying `nbytes`: book them on the link."""
         self.check()
-        if self._rate > 0:
-            wait = done / self._rate - (time.perf_counter() - self._start)
-            if wait > 0:
-                time.sleep(wait)
+        self._until = self._link.reserve(self._direction, nbytes)
+
+    def wait(self) -> None:
+        """After the copy: wait out the rest of its booking."""
+        self.check()
+        wait = self._until - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+
+
+class _Aborted(Exception):
+    """A half of a swap stopped because another half failed."""
 
 
 async def _in_thread(fn: Callable[[], int], pacer: _Pacer) -> int:
@@ -103,15 +165,12 @@ def _copy(source: Path, target_fd: int, size: int, pacer: _Pacer, done: int) -> 
     try:
         offset = 0
         while offset < size:
-            step = min(_CHUNK, size - offset)
-            end = offset + step
-            while offset < end:
-                copied = os.copy_file_range(source_fd, target_fd, end - offset, offset, offset)
-                if copied == 0:
-                    raise OSError(f"{source.name}: shorter than {size} bytes")
-                offset += copied
+            step = min(pacer.chunk, size - offset)
+            pacer.reserve(step)
+            _simswap.copy_range(source_fd, target_fd, offset, offset + step, source.name)
+            offset += step
             done += step
-            pacer.after(done)
+            pacer.wait()
     finally:
         os.close(source_fd)
     return done
@@ -142,7 +201,13 @@ class SimBackend:
         count = int(_float(options, "devices", 1))
         capacity = int(_float(options, "capacity_bytes", 16 * GiB))
         self._rate = _float(options, "rate_gbps", 0.0)
+        self._out = _float(options, "out_gbps", self._rate)
+        self._in = _float(options, "in_gbps", self._rate)
+        self._shared = _float(options, "link_gbps", 0.0)
+        self._chunk = max(4096, int(_float(options, "chunk_bytes", _CHUNK)))
         self._overhead = _float(options, "overhead_seconds", 0.0)
+        self._links: dict[tuple[float, float, float], _Link] = {}
+        self._links_lock = threading.Lock()
         for leftover in (self.node_dir / _simfs.PARKED_DIR).glob(".trash-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         self.devices_table = [
@@ -156,7 +221,12 @@ class SimBackend:
         if not os.access(self.node_dir, os.W_OK):
             return ProbeResult(False, f"{self.node_dir} is not writable")
         total = self.devices_table[0].total_bytes
-        rate = f"{self._rate:g} GB/s" if self._rate > 0 else "unlimited rate"
+        rate = (
+            f"link {self._out:g} GB/s out, {self._in:g} GB/s in"
+            + (f", {self._shared:g} GB/s shared" if self._shared > 0 else "")
+            if self._out > 0 or self._in > 0 or self._shared > 0
+            else "unlimited rate"
+        )
         return ProbeResult(
             True,
             f"{len(self.devices_table)} emulated device(s) of {total / GiB:.2f} GiB, {rate}",
@@ -182,23 +252,38 @@ class SimBackend:
 
     async def state(self, job: JobHandle) -> BackendState:
         if self._manifest(job.job) is not None:
+            # Parked: device memory a restore had grown before it was cut off goes back
+            # (the parked copy is the truth), and a committed swap's journal is spent.
+            (_simfs.parked_dir(self.node_dir, job.job) / _simswap.JOURNAL).unlink(missing_ok=True)
+            for buffer in _simfs.job_buffers(self.node_dir, job.job):
+                if buffer.size:
+                    os.truncate(buffer.path, 0)
             return BackendState.PARKED
-        # No manifest: any move was interrupted before it committed. Settle it: drop a
+        # No manifest: any move was interrupted before it committed. Settle it: a swap
+        # cut off half-way gets its freed chunks back from the parked copy; then drop a
         # half-written parked copy and resume processes a snapshot had stopped.
+        stopped = tuple(pid for pid in job.pids if _freeze.stopped(pid))
+        if _simswap.interrupted(self.node_dir, job.job):
+            await asyncio.to_thread(_simswap.undo_snapshot, self.node_dir, job.job, stopped)
         shutil.rmtree(_simfs.parked_dir(self.node_dir, job.job), ignore_errors=True)
-        _freeze.resume(pid for pid in job.pids if _freeze.stopped(pid))
+        _freeze.resume(stopped)
         return BackendState.RUNNING
 
     # -- moves -------------------------------------------------------------------------
 
-    def _rates(self, job: JobHandle) -> tuple[float, float]:
-        return (
-            _float(job.options, "rate_gbps", self._rate),
-            _float(job.options, "overhead_seconds", self._overhead),
-        )
+    def _rates(self, job: JobHandle) -> tuple[_Link, float]:
+        """The link the job's copies share (per rates: a group may set its own) and the
+        fixed cost of each move."""
+        rate = _float(job.options, "rate_gbps", -1.0)
+        out = _float(job.options, "out_gbps", rate if rate >= 0 else self._out)
+        into = _float(job.options, "in_gbps", rate if rate >= 0 else self._in)
+        shared = _float(job.options, "link_gbps", self._shared)
+        with self._links_lock:
+            link = self._links.setdefault((out, into, shared), _Link(out, into, shared))
+        return link, _float(job.options, "overhead_seconds", self._overhead)
 
     async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        rate, overhead = self._rates(job)
+        link, overhead = self._rates(job)
         started = time.perf_counter()
         try:
             stopped = await _freeze.stop(job.pids, deadline=deadline)
@@ -206,7 +291,7 @@ class SimBackend:
             _freeze.resume(job.pids)
             raise BackendError(f"snapshot of job {job.job}: {error}") from None
         park = _simfs.parked_dir(self.node_dir, job.job)
-        pacer = _Pacer(rate, deadline)
+        pacer = _Pacer(link, "out", deadline, chunk=self._chunk)
         try:
             buffers = _simfs.job_buffers(self.node_dir, job.job)
             moved = await _in_thread(lambda: self._save(park, buffers, pacer), pacer)
@@ -244,7 +329,7 @@ class SimBackend:
         return done
 
     async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        rate, overhead = self._rates(job)
+        link, overhead = self._rates(job)
         started = time.perf_counter()
         manifest = self._manifest(job.job)
         if manifest is None:
@@ -252,7 +337,7 @@ class SimBackend:
         entries = manifest.get("buffers")
         if not isinstance(entries, list):
             raise BackendError(f"restore of job {job.job}: damaged manifest")
-        pacer = _Pacer(rate, deadline)
+        pacer = _Pacer(link, "in", deadline, chunk=self._chunk)
         try:
             moved = await _in_thread(lambda: self._load(job.job, entries, pacer), pacer)
         except DeviceMemoryError as error:
@@ -314,6 +399,140 @@ class SimBackend:
                     raise OSError(f"buffer {path.name} is gone")
                 os.truncate(path, size)
                 grown.append(path)
+
+    async def swap(
+        self,
+        outgoing: Sequence[JobHandle],
+        incoming: JobHandle | None,
+        *,
+        headroom_bytes: int,
+        deadline: float,
+    ) -> SwapOutcome:
+        """One node's half of an overlapped switch (see `_simswap`): the outgoing jobs'
+        copies out and the incoming job's copy in run at once on the duplex link, incoming
+        bytes admitted as outgoing bytes free. All or nothing: a failed half stops the
+        others, the incoming job's grown memory is given back (it stays parked) and every
+        outgoing job gets its bytes back and runs on; then SwapError names the half."""
+        entries: list[dict[str, object]] = []
+        if incoming is not None:
+            manifest = self._manifest(incoming.job)
+            found = manifest.get("buffers") if manifest is not None else None
+            if not isinstance(found, list):
+                why = "no parked copy on this node" if manifest is None else "damaged manifest"
+                error = BackendError(f"restore of job {incoming.job}: {why}")
+                raise SwapError(incoming.job, "restore", error)
+            entries = found
+        stopped: dict[str, tuple[int, ...]] = {}
+        for job in outgoing:
+            try:
+                stopped[job.job] = tuple(await _freeze.stop(job.pids, deadline=deadline))
+            except TimeoutError as error:
+                _freeze.resume(job.pids)
+                for pids in stopped.values():
+                    _freeze.resume(pids)
+                failure = BackendError(f"snapshot of job {job.job}: {error}")
+                raise SwapError(job.job, "snapshot", failure) from None
+        abort = threading.Event()
+        admission = _simswap.Admission(len(outgoing), abort)
+        totals = {d.index: d.total_bytes for d in self.devices_table}
+        overheads: list[float] = []
+
+        def timed(work: Callable[[], int]) -> Callable[[], tuple[int, float]]:
+            def run() -> tuple[int, float]:
+                begun = time.perf_counter()
+                try:
+                    return work(), time.perf_counter() - begun
+                except BaseException:
+                    admission.stop()
+                    raise
+
+            return run
+
+        works: list[Callable[[], tuple[int, float]]] = []
+        pacers: list[_Pacer] = []
+        for job in outgoing:
+            link, overhead = self._rates(job)
+            overheads.append(overhead)
+            pacer = _Pacer(link, "out", deadline, abort, self._chunk)
+            buffers = _simfs.job_buffers(self.node_dir, job.job)
+            pacers.append(pacer)
+            works.append(
+                timed(
+                    lambda j=job.job, b=buffers, p=pacer: _simswap.save_freeing(
+                        self.node_dir, j, b, p, admission
+                    )
+                )
+            )
+        if incoming is not None:
+            link, overhead = self._rates(incoming)
+            overheads.append(overhead)
+            pacer = _Pacer(link, "in", deadline, abort, self._chunk)
+            pacers.append(pacer)
+            name = incoming.job
+            works.append(
+                timed(
+                    lambda p=pacer: _simswap.load_admitted(
+                        self.node_dir, totals, name, entries, p, admission, headroom_bytes
+                    )
+                )
+            )
+        futures = [asyncio.ensure_future(asyncio.to_thread(work)) for work in works]
+        try:
+            results = await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
+        except asyncio.CancelledError:
+            admission.stop()
+            for pacer in pacers:
+                pacer.cancelled.set()
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            await self._undo_swap(outgoing, incoming, stopped)
+            raise
+        halves = [(job.job, "snapshot") for job in outgoing]
+        if incoming is not None:
+            halves.append((incoming.job, "restore"))
+        failed = [
+            (half, result)
+            for half, result in zip(halves, results, strict=True)
+            if isinstance(result, BaseException)
+        ]
+        if failed:
+            await self._undo_swap(outgoing, incoming, stopped)
+            (job_name, move), cause = next(
+                (f for f in failed if not isinstance(f[1], _Aborted)), failed[0]
+            )
+            if isinstance(cause, BackendError):
+                error = type(cause)(f"{move} of job {job_name}: {cause}")
+            elif isinstance(cause, OSError | TimeoutError | KeyError | ValueError | _Aborted):
+                error = BackendError(f"{move} of job {job_name}: {cause}")
+            else:
+                raise cause
+            raise SwapError(job_name, move, error)
+        if incoming is not None:
+            (_simfs.parked_dir(self.node_dir, incoming.job) / _simfs.MANIFEST).unlink()
+        await asyncio.sleep(max(overheads, default=0.0))
+        outcomes = [r for r in results if not isinstance(r, BaseException)]
+        if incoming is not None:
+            _freeze.resume(incoming.pids)
+            _discard(_simfs.parked_dir(self.node_dir, incoming.job))
+        moves = tuple(MoveOutcome(nbytes, seconds) for nbytes, seconds in outcomes)
+        return SwapOutcome(
+            outgoing=moves[: len(outgoing)],
+            incoming=moves[-1] if incoming is not None else None,
+            overlapped=admission.overlapped,
+        )
+
+    async def _undo_swap(
+        self,
+        outgoing: Sequence[JobHandle],
+        incoming: JobHandle | None,
+        stopped: Mapping[str, tuple[int, ...]],
+    ) -> None:
+        if incoming is not None:  # its manifest stands: it stays parked, its memory goes back
+            for buffer in _simfs.job_buffers(self.node_dir, incoming.job):
+                if buffer.size:
+                    os.truncate(buffer.path, 0)
+        for job in outgoing:
+            pids = stopped.get(job.job, ())
+            await asyncio.to_thread(_simswap.undo_snapshot, self.node_dir, job.job, pids)
 
     async def release(self, job: JobHandle) -> int:
         park = _simfs.parked_dir(self.node_dir, job.job)

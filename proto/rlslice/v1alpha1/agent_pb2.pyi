@@ -633,3 +633,161 @@ class WorkloadCommand(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["action", b"action", "command_id", b"command_id", "discard_tags", b"discard_tags", "epoch", b"epoch"]) -> None: ...
 
 global___WorkloadCommand = WorkloadCommand
+
+@typing.final
+class SwitchMove(google.protobuf.message.Message):
+    """One job of a Switch."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    @typing.final
+    class OptionsEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        value: builtins.str
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: builtins.str = ...,
+        ) -> None: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
+    JOB_FIELD_NUMBER: builtins.int
+    BACKEND_FIELD_NUMBER: builtins.int
+    OPTIONS_FIELD_NUMBER: builtins.int
+    DISCARD_TAGS_FIELD_NUMBER: builtins.int
+    job: builtins.str
+    """Job id."""
+    backend: builtins.str
+    """Backend to use; empty means the agent's default (a restore uses the parking backend)."""
+    @property
+    def options(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
+        """Backend options from the group spec."""
+
+    @property
+    def discard_tags(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """For `app` snapshots: tags to discard instead of offloading."""
+
+    def __init__(
+        self,
+        *,
+        job: builtins.str = ...,
+        backend: builtins.str = ...,
+        options: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
+        discard_tags: collections.abc.Iterable[builtins.str] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["backend", b"backend", "discard_tags", b"discard_tags", "job", b"job", "options", b"options"]) -> None: ...
+
+global___SwitchMove = SwitchMove
+
+@typing.final
+class SwitchRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: builtins.int
+    EPOCH_FIELD_NUMBER: builtins.int
+    OUTGOING_FIELD_NUMBER: builtins.int
+    INCOMING_FIELD_NUMBER: builtins.int
+    HEADROOM_BYTES_FIELD_NUMBER: builtins.int
+    group: builtins.str
+    """Group id."""
+    epoch: builtins.int
+    """The group's epoch for this switch (every move of the call carries it)."""
+    headroom_bytes: builtins.int
+    """Device bytes kept free while the incoming job's bytes are admitted beside the outgoing
+    ones still leaving.
+    """
+    @property
+    def outgoing(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___SwitchMove]:
+        """Jobs to snapshot on this node (may be empty)."""
+
+    @property
+    def incoming(self) -> global___SwitchMove:
+        """The job to restore on this node; unset or an empty job: none."""
+
+    def __init__(
+        self,
+        *,
+        group: builtins.str = ...,
+        epoch: builtins.int = ...,
+        outgoing: collections.abc.Iterable[global___SwitchMove] | None = ...,
+        incoming: global___SwitchMove | None = ...,
+        headroom_bytes: builtins.int = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["incoming", b"incoming"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["epoch", b"epoch", "group", b"group", "headroom_bytes", b"headroom_bytes", "incoming", b"incoming", "outgoing", b"outgoing"]) -> None: ...
+
+global___SwitchRequest = SwitchRequest
+
+@typing.final
+class SwitchFailure(google.protobuf.message.Message):
+    """Why a Switch did not go through on this node (both halves were undone)."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: builtins.int
+    MOVE_FIELD_NUMBER: builtins.int
+    REASON_FIELD_NUMBER: builtins.int
+    RESOURCE_EXHAUSTED_FIELD_NUMBER: builtins.int
+    job: builtins.str
+    """The job whose move failed."""
+    move: builtins.str
+    """"snapshot" or "restore"."""
+    reason: builtins.str
+    """One line: what failed."""
+    resource_exhausted: builtins.bool
+    """True when memory was short (host memory for a snapshot, device memory for a restore)."""
+    def __init__(
+        self,
+        *,
+        job: builtins.str = ...,
+        move: builtins.str = ...,
+        reason: builtins.str = ...,
+        resource_exhausted: builtins.bool = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["job", b"job", "move", b"move", "reason", b"reason", "resource_exhausted", b"resource_exhausted"]) -> None: ...
+
+global___SwitchFailure = SwitchFailure
+
+@typing.final
+class SwitchResult(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    OUTGOING_FIELD_NUMBER: builtins.int
+    INCOMING_FIELD_NUMBER: builtins.int
+    SECONDS_FIELD_NUMBER: builtins.int
+    OVERLAPPED_FIELD_NUMBER: builtins.int
+    FAILURE_FIELD_NUMBER: builtins.int
+    seconds: builtins.float
+    """Wall seconds of the whole call on this node."""
+    overlapped: builtins.bool
+    """True when the restore ran while snapshots were still running."""
+    @property
+    def outgoing(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___MoveResult]:
+        """One result per outgoing job, in the request's order."""
+
+    @property
+    def incoming(self) -> global___MoveResult:
+        """The incoming job's result (unset without an incoming job)."""
+
+    @property
+    def failure(self) -> global___SwitchFailure:
+        """Set when the switch failed here and was undone; the results then show the jobs' states."""
+
+    def __init__(
+        self,
+        *,
+        outgoing: collections.abc.Iterable[global___MoveResult] | None = ...,
+        incoming: global___MoveResult | None = ...,
+        seconds: builtins.float = ...,
+        overlapped: builtins.bool = ...,
+        failure: global___SwitchFailure | None = ...,
+    ) -> None: ...
+    def HasField(self, field_name: typing.Literal["failure", b"failure", "incoming", b"incoming"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["failure", b"failure", "incoming", b"incoming", "outgoing", b"outgoing", "overlapped", b"overlapped", "seconds", b"seconds"]) -> None: ...
+
+global___SwitchResult = SwitchResult

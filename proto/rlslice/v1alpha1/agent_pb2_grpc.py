@@ -60,6 +60,11 @@ class AgentStub(object):
                 request_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.ProbeRequest.SerializeToString,
                 response_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.ProbeResponse.FromString,
                 _registered_method=True)
+        self.Switch = channel.unary_unary(
+                '/rlslice.v1alpha1.Agent/Switch',
+                request_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchRequest.SerializeToString,
+                response_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchResult.FromString,
+                _registered_method=True)
 
 
 class AgentServicer(object):
@@ -103,6 +108,18 @@ class AgentServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Switch(self, request, context):
+        """One node's half of a switch in one call: snapshots the outgoing jobs and restores the
+        incoming one at once, admitting incoming bytes as outgoing bytes leave (the link is
+        full duplex), never above the device's capacity minus `headroom_bytes` while outgoing
+        bytes are still leaving. All or nothing on this node: a failed half undoes both (the
+        outgoing jobs run on, the incoming job stays parked) and `failure` says which.
+        Repeating a call with the same epoch returns the first call's results.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +147,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Probe,
                     request_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.ProbeRequest.FromString,
                     response_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.ProbeResponse.SerializeToString,
+            ),
+            'Switch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Switch,
+                    request_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchRequest.FromString,
+                    response_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +290,33 @@ class Agent(object):
             '/rlslice.v1alpha1.Agent/Probe',
             rlslice_dot_v1alpha1_dot_agent__pb2.ProbeRequest.SerializeToString,
             rlslice_dot_v1alpha1_dot_agent__pb2.ProbeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlslice.v1alpha1.Agent/Switch',
+            rlslice_dot_v1alpha1_dot_agent__pb2.SwitchRequest.SerializeToString,
+            rlslice_dot_v1alpha1_dot_agent__pb2.SwitchResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,18 @@ class AgentStub:
     ]
     """Which backends can work on this node, and why the others cannot."""
 
+    Switch: grpc.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.agent_pb2.SwitchRequest,
+        rlslice.v1alpha1.agent_pb2.SwitchResult,
+    ]
+    """One node's half of a switch in one call: snapshots the outgoing jobs and restores the
+    incoming one at once, admitting incoming bytes as outgoing bytes leave (the link is
+    full duplex), never above the device's capacity minus `headroom_bytes` while outgoing
+    bytes are still leaving. All or nothing on this node: a failed half undoes both (the
+    outgoing jobs run on, the incoming job stays parked) and `failure` says which.
+    Repeating a call with the same epoch returns the first call's results.
+    """
+
 class AgentAsyncStub:
     """Called by the scheduler's coordinator (TCP, authenticated)."""
 
@@ -91,6 +103,18 @@ class AgentAsyncStub:
         rlslice.v1alpha1.agent_pb2.ProbeResponse,
     ]
     """Which backends can work on this node, and why the others cannot."""
+
+    Switch: grpc.aio.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.agent_pb2.SwitchRequest,
+        rlslice.v1alpha1.agent_pb2.SwitchResult,
+    ]
+    """One node's half of a switch in one call: snapshots the outgoing jobs and restores the
+    incoming one at once, admitting incoming bytes as outgoing bytes leave (the link is
+    full duplex), never above the device's capacity minus `headroom_bytes` while outgoing
+    bytes are still leaving. All or nothing on this node: a failed half undoes both (the
+    outgoing jobs run on, the incoming job stays parked) and `failure` says which.
+    Repeating a call with the same epoch returns the first call's results.
+    """
 
 class AgentServicer(metaclass=abc.ABCMeta):
     """Called by the scheduler's coordinator (TCP, authenticated)."""
@@ -138,6 +162,20 @@ class AgentServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[rlslice.v1alpha1.agent_pb2.ProbeResponse, collections.abc.Awaitable[rlslice.v1alpha1.agent_pb2.ProbeResponse]]:
         """Which backends can work on this node, and why the others cannot."""
+
+    @abc.abstractmethod
+    def Switch(
+        self,
+        request: rlslice.v1alpha1.agent_pb2.SwitchRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[rlslice.v1alpha1.agent_pb2.SwitchResult, collections.abc.Awaitable[rlslice.v1alpha1.agent_pb2.SwitchResult]]:
+        """One node's half of a switch in one call: snapshots the outgoing jobs and restores the
+        incoming one at once, admitting incoming bytes as outgoing bytes leave (the link is
+        full duplex), never above the device's capacity minus `headroom_bytes` while outgoing
+        bytes are still leaving. All or nothing on this node: a failed half undoes both (the
+        outgoing jobs run on, the incoming job stays parked) and `failure` says which.
+        Repeating a call with the same epoch returns the first call's results.
+        """
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...
 
