@@ -360,6 +360,7 @@ class AgentEngine:
         """Add an open workload stream to a registered job."""
         entry = self.table.entries[job]
         entry.workloads.append(link)
+        entry.streams_ended = False
         entry.attached.set()
 
     def detach_workload(self, job: str, link: WorkloadLink) -> None:
@@ -369,13 +370,18 @@ class AgentEngine:
             entry.workloads.remove(link)
             if not entry.workloads:
                 entry.attached.clear()
+                entry.streams_ended = True
 
     async def _await_workloads(self, entry: JobEntry, backend: Backend, deadline: float) -> None:
         """A job moved through its own processes (`app`) whose stream is not open yet (it
         registered a moment ago, or this agent restarted and it is reconnecting) gets up to
         WORKLOAD_ATTACH_SECONDS for it, within the move's deadline; then the backend says
-        what is missing."""
-        if entry.workloads or not getattr(backend, "needs_workloads", False):
+        what is missing. A job whose streams closed while this agent ran (its offload loop
+        ended: it is leaving) gets no wait: the switch fails at once and its retry goes on
+        without the job."""
+        if entry.workloads or entry.streams_ended:
+            return
+        if not getattr(backend, "needs_workloads", False):
             return
         wait = min(WORKLOAD_ATTACH_SECONDS, deadline - time.time())
         if wait > 0:

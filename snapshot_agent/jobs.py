@@ -50,6 +50,9 @@ class JobEntry:
     workloads: list[WorkloadLink] = field(default_factory=list)
     attached: asyncio.Event = field(default_factory=asyncio.Event)
     """Set while at least one workload stream is open."""
+    streams_ended: bool = False
+    """The job's last workload stream closed in this agent's life (its offload loop ended:
+    the job is leaving); a move does not wait for a stream to come back."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the job moves: moves of one job run one at a time."""
 
