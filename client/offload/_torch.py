@@ -8,6 +8,11 @@ resizes each storage back and copies the bytes in. The storage objects are the s
 every tensor, view and reference the training code holds stays valid, and the values are
 bit-identical. DISCARD storages are freed without a copy and come back zero-filled.
 
+Only a storage torch lets resize can be freed in place: one shared with NumPy (`.numpy()`,
+`torch.from_numpy`) or another foreign owner is refused at `register()` (and at an offload,
+for optimizer state and gradients that appeared since), naming the tensor, before
+anything moves.
+
 Pinned buffers are kept between swaps (`keep_host_buffers`): pinning gigabytes takes far
 longer than copying them. Without CUDA (CPU-only torch) the same logic runs on CPU
 tensors with plain host buffers, so it can be tested anywhere.
@@ -39,6 +44,32 @@ class _Parked:
 def _flat(storage: torch.UntypedStorage) -> torch.Tensor:
     """A uint8 tensor over the whole storage (no copy)."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _named_tensors(obj: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """`_tensors`' walk with a name for each tensor (`layer.weight`, `state[3].exp_avg`)."""
+
+    def join(name: str) -> str:
+        return f"{prefix}.{name}" if prefix else name
+
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+        if obj.grad is not None:
+            yield join("grad"), obj.grad
+    elif isinstance(obj, torch.nn.Module):
+        for name, param in obj.named_parameters():
+            yield from _named_tensors(param, join(name))
+        for name, buffer in obj.named_buffers():
+            yield join(name), buffer
+    elif isinstance(obj, torch.optim.Optimizer):
+        for index, state in enumerate(obj.state.values()):
+            yield from _named_tensors(state, join(f"state[{index}]"))
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _named_tensors(value, join(str(key)))
+    elif isinstance(obj, list | tuple):
+        for index, value in enumerate(obj):
+            yield from _named_tensors(value, f"{prefix}[{index}]")
 
 
 class TorchOffloader:
@@ -84,8 +115,23 @@ class TorchOffloader:
             raise InvalidArgumentError(f"mode: {mode!r} is not one of {sorted(MODES)}")
         if not tag:
             raise InvalidArgumentError("tag: must not be empty")
+        self._check_resizable(obj, tag)
         with self._lock:
             self._registered.append((obj, tag, mode))
+
+    def _check_resizable(self, obj: Any, tag: str) -> None:
+        """Refuse a tensor whose storage cannot be freed in place, naming it."""
+        for name, tensor in _named_tensors(obj, ""):
+            if tensor.device.type != self._device_type:
+                continue
+            storage = tensor.untyped_storage()
+            if storage.nbytes() and not storage.resizable():
+                where = f"{tag}: {name}" if name else tag
+                raise FailedPreconditionError(
+                    f"{where}: its storage cannot be resized (shared with NumPy through "
+                    "`.numpy()` or `torch.from_numpy`?), so it cannot be offloaded in place; "
+                    "give it a storage of its own first (`param.data = param.data.clone()`)"
+                )
 
     @property
     def modes(self) -> frozenset[str]:
@@ -127,6 +173,7 @@ class TorchOffloader:
         drop = set(discard_tags)
         plan: dict[int, tuple[torch.UntypedStorage, bool]] = {}
         for obj, tag, mode in self._registered:
+            self._check_resizable(obj, tag)  # state that appeared since registration
             keep = mode == OFFLOAD and tag not in drop
             for tensor in self._tensors(obj):
                 if tensor.device.type != self._device_type:
