@@ -619,14 +619,14 @@ class AgentEngine:
                 entry = entries[name]
                 assert entry is not None
                 await locks.enter_async_context(entry.lock)
-            for half, move in asked:
-                entry = entries[half.job]
+            for wanted, move in asked:
+                entry = entries[wanted.job]
                 if entry is None:
-                    answers[half.job] = MoveReply(half.job, None, absent=True, epoch=epoch)
+                    answers[wanted.job] = MoveReply(wanted.job, None, absent=True, epoch=epoch)
                     continue
-                found = await self._plan_half(entry, half, move, group, epoch, deadline)
+                found = await self._plan_half(entry, wanted, move, group, epoch, deadline)
                 if isinstance(found, MoveReply):
-                    answers[half.job] = found
+                    answers[wanted.job] = found
                 else:
                     running.append(found)
             if running:
@@ -650,7 +650,7 @@ class AgentEngine:
                 await self._observe(half.move, half.name, half.outcome.bytes, half.outcome.seconds)
         self._refresh_jobs()
         return SwitchReply(
-            outgoing=tuple(answers[h.job] for h in outgoing),
+            outgoing=tuple(answers[o.job] for o in outgoing),
             incoming=answers[incoming.job] if incoming is not None else None,
             seconds=time.perf_counter() - started,
             overlapped=overlapped,

@@ -30,6 +30,7 @@ root.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -458,8 +459,8 @@ class SimBackend:
             pacers.append(pacer)
             works.append(
                 timed(
-                    lambda j=job.job, b=buffers, p=pacer: _simswap.save_freeing(
-                        self.node_dir, j, b, p, admission
+                    functools.partial(
+                        _simswap.save_freeing, self.node_dir, job.job, buffers, pacer, admission
                     )
                 )
             )
@@ -468,11 +469,17 @@ class SimBackend:
             overheads.append(overhead)
             pacer = _Pacer(link, "in", deadline, abort, self._chunk)
             pacers.append(pacer)
-            name = incoming.job
             works.append(
                 timed(
-                    lambda p=pacer: _simswap.load_admitted(
-                        self.node_dir, totals, name, entries, p, admission, headroom_bytes
+                    functools.partial(
+                        _simswap.load_admitted,
+                        self.node_dir,
+                        totals,
+                        incoming.job,
+                        entries,
+                        pacer,
+                        admission,
+                        headroom_bytes,
                     )
                 )
             )
@@ -500,12 +507,12 @@ class SimBackend:
                 (f for f in failed if not isinstance(f[1], _Aborted)), failed[0]
             )
             if isinstance(cause, BackendError):
-                error = type(cause)(f"{move} of job {job_name}: {cause}")
+                reported = type(cause)(f"{move} of job {job_name}: {cause}")
             elif isinstance(cause, OSError | TimeoutError | KeyError | ValueError | _Aborted):
-                error = BackendError(f"{move} of job {job_name}: {cause}")
+                reported = BackendError(f"{move} of job {job_name}: {cause}")
             else:
                 raise cause
-            raise SwapError(job_name, move, error)
+            raise SwapError(job_name, move, reported)
         if incoming is not None:
             (_simfs.parked_dir(self.node_dir, incoming.job) / _simfs.MANIFEST).unlink()
         await asyncio.sleep(max(overheads, default=0.0))
