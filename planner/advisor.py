@@ -182,8 +182,8 @@ class _Scorer:
         elif problems or demand > max(self.bound(n) for n in ordered):
             if not problems:
                 problems.append(
-                    f"demand: the GPU phases need {demand:.0%} of the group, so some job slows "
-                    f"down at least {demand:.2f}x, above every bound "
+                    f"demand: the GPU phases need {demand:.0%} of the group, so some job's "
+                    f"slowdown is at least {demand:.2f}x, above every bound "
                     f"(max {max(self.bound(n) for n in ordered):.2f}x)"
                 )
             self.pruned += 1
