@@ -4,10 +4,17 @@
 from trl import GRPOTrainer
 from rlslice.integrations.trl import GpuPhaseCallback
 
-with GpuPhaseCallback() as rlslice_callback:      # client from RLSLICE_* (or client=...)
+with GpuPhaseCallback(offload=True) as rlslice_callback:  # client from RLSLICE_*
     trainer = GRPOTrainer(..., callbacks=[rlslice_callback])
     trainer.train()
+trainer.save_model()  # the weights are home: the job left the group without a snapshot
 ```
+
+`offload=True` (the `app` backend) registers the model and the optimizer the Trainer
+passes to `on_train_begin` (it creates the optimizer inside `train()`) with a
+`TorchOffloader`, starts the offload loop (which registers the process with the agent)
+and waits for its stream before the first step. A `TorchOffloader` given instead of True
+gets the same two registrations, beside whatever else it holds.
 
 TRL's trainers are `transformers.Trainer`s, which call each callback's `on_<event>(args,
 state, control, **kwargs)`. This class has those methods (any event it does not handle is a
@@ -28,8 +35,15 @@ call of a parked process until its next grant.
 once, so a waiting job takes its turn between steps and this job never runs GPU code
 without the group. With nobody waiting the offer costs two calls and moves nothing.
 
+The end of training: with a client the callback built, `on_train_end` leaves the group
+for good while it still holds it (the client unregisters: the lock is released and nothing
+is snapshotted), so a waiting job's switch never parks this job's state on its way out.
+The offload loop stops; state still parked then is copied back in-process. A client passed
+in stays open and registered: `on_train_end` yields, and device state registered with the
+agent may be parked afterwards; touch it only inside `client.phase(...)`.
+
 The trainer calls no event when training fails: leave the `with` block (or call
-`release()`) to give the group back; `close()` also closes a client the callback built.
+`close()`) to give the group back; `close()` also closes a client the callback built.
 """
 
 from __future__ import annotations
@@ -38,12 +52,15 @@ import logging
 import weakref
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id
-from rlslice.client import Client, Grant
-from rlslice.client._phase import validate_phase
+from rlslice.client import Client, Grant, validate_phase
+from rlslice.integrations._offload import OffloadLoop
+
+if TYPE_CHECKING:
+    from rlslice.client.offload import TorchOffloader
 
 __all__ = ["GpuPhaseCallback"]
 
@@ -58,6 +75,8 @@ class GpuPhaseCallback:
     `client`: a `Client`, a factory returning one, or None (built at first use from the
     `RLSLICE_*` environment, and closed at `on_train_end` / `close()`). `phase` names the
     hold in the scheduler's timeline; `group` overrides the client's default group.
+    `offload`: True (or a `TorchOffloader`) registers the trainer's model and optimizer and
+    runs the `app` backend's offload loop for them (see the module doc).
     """
 
     def __init__(
@@ -67,6 +86,7 @@ class GpuPhaseCallback:
         phase: str = "train",
         group: str | None = None,
         hold: Hold = "step",
+        offload: bool | TorchOffloader = False,
     ) -> None:
         self.phase_name = validate_phase(phase)
         self.group = None if group is None else validate_id(group, "group")
@@ -83,6 +103,14 @@ class GpuPhaseCallback:
         """The grant of the latest acquire (None before the first)."""
         self.grants = 0
         """How many times the callback acquired the group."""
+        self._offload: OffloadLoop | None = None
+        if offload is not False:
+            self._offload = OffloadLoop(None if offload is True else offload)
+
+    @property
+    def offloader(self) -> TorchOffloader | None:
+        """The `TorchOffloader` of `offload=` (None without it, or before `on_train_begin`)."""
+        return None if self._offload is None else self._offload.offloader
 
     # -- what the callback holds --------------------------------------------------------
 
@@ -119,13 +147,22 @@ class GpuPhaseCallback:
             phase.__exit__(None, None, None)
 
     def close(self) -> None:
-        """Release the group, and close the client if the callback built it."""
-        self.release()
+        """Leave: close a client the callback built (its Unregister gives the group back
+        with nothing snapshotted) or yield a given one's hold; stop the offload loop and copy
+        back in-process whatever is still parked."""
         finalizer, self._finalizer = self._finalizer, None
-        if self._owned:
-            self._client, self._owned = None, False
-        if finalizer is not None:
-            finalizer()  # closes the client we built, once
+        try:
+            if self._owned and finalizer is not None:
+                # Unregistering while holding releases the lock and parks nothing; a yield
+                # first would let a waiting job's switch snapshot this job on its way out.
+                self._phase, self._deferred = None, False
+                self._client, self._owned = None, False
+                finalizer()  # closes the client we built, once
+            else:
+                self.release()
+        finally:
+            if self._offload is not None:
+                self._offload.stop()
 
     def __enter__(self) -> GpuPhaseCallback:
         return self
@@ -141,12 +178,16 @@ class GpuPhaseCallback:
     # -- Trainer events -----------------------------------------------------------------
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """`hold="train"`: take the group for the whole run."""
+        """`offload`: register the model and optimizer, start the offload loop.
+        `hold="train"`: take the group for the whole run."""
+        self._start_offload(kwargs.get("model"), kwargs.get("optimizer"))
         if self.hold == "train":
             self.acquire()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Take the group for the step (once per optimizer step, not per micro-batch)."""
+        if self._offload is not None and not self._offload.running:
+            self._start_offload(kwargs.get("model"), kwargs.get("optimizer"))
         self.acquire()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -178,7 +219,7 @@ class GpuPhaseCallback:
             self.release()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Give the group back; close the client if the callback built it."""
+        """Leave the group (see `close()`): the trainer's state is home after `train()`."""
         self.close()
 
     def __getattr__(self, name: str) -> Callable[..., None]:
@@ -195,6 +236,21 @@ class GpuPhaseCallback:
         )
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _start_offload(self, model: Any, optimizer: Any) -> None:
+        loop = self._offload
+        if loop is None or loop.running:
+            return
+        loop.register(model, optimizer)
+        client = self.client()
+        if client.disabled:
+            return  # no scheduler, no switches: nothing will ask for the state
+        group = self.group or client.group
+        if not group:
+            raise InvalidArgumentError(
+                "group: offload=True needs a group (group= or RLSLICE_GROUP)"
+            )
+        loop.start(client.job, group, None)
 
     def _offer(self) -> None:
         # Yield, then queue again at once: a waiting job runs now, this one waits its turn.

@@ -13,6 +13,10 @@ Cases:
 - hold="train" holds the whole run and offers the group at each step end: a waiting job
   takes its turn there;
 - leaving the `with` block after a failure releases and closes the client it built;
+- the end of training with a client it built leaves the group while holding it (Unregister,
+  no Yield: a waiting job's switch cannot snapshot it on the way out); a given client yields;
+- offload=True registers the model and the optimizer the Trainer passes to on_train_begin
+  (no scheduler: no loop starts); a real Trainer with offload=True and no scheduler;
 - events it does not handle are no-ops; bad arguments are refused; disabled passes through;
 - a real Trainer (optional).
 """
@@ -180,6 +184,74 @@ def test_leaving_the_block_after_a_failure_releases_and_closes(
     status = job_env.group("gpus")
     assert status.holder == ""
     assert status.jobs == []
+
+
+def _events(sched: SchedulerForTests, job: str) -> list[int]:
+    import grpc
+
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+    from rlslice.v1alpha1 import scheduler_pb2_grpc
+
+    with grpc.insecure_channel(sched.address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        answer = stub.GetEvents(pb.GetEventsRequest(group="gpus"), timeout=10)
+    return [e.kind for e in answer.events if e.job == job]
+
+
+def test_the_end_of_training_leaves_the_group_while_holding_it(
+    job_env: SchedulerForTests,
+) -> None:
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    granted = threading.Event()
+    with Client(job="grpo-b", group="gpus", scheduler=job_env.address) as other:
+        with GpuPhaseCallback() as callback:
+            callback.on_step_begin(ARGS, None, control())
+            callback.on_step_end(ARGS, None, control(should_training_stop=True))
+
+            def waiter() -> None:
+                with other.phase("rollout"):
+                    granted.set()
+
+            thread = threading.Thread(target=waiter)
+            thread.start()
+            give_up = time.monotonic() + 5
+            while list(job_env.group("gpus").queue) == [] and time.monotonic() < give_up:
+                time.sleep(0.02)
+            assert list(job_env.group("gpus").queue) == ["grpo-b"]
+            callback.on_train_end(ARGS, None, control(should_training_stop=True))
+            thread.join(10)
+            assert granted.is_set()
+        kinds = _events(job_env, "grpo-a")
+        last_grant = max(i for i, k in enumerate(kinds) if k == pb.EVENT_KIND_GRANTED)
+        assert kinds[last_grant + 1 :] == [pb.EVENT_KIND_UNREGISTERED]  # no yield first
+
+
+def test_with_a_given_client_the_end_of_training_yields(sched: SchedulerForTests) -> None:
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    with Client(job="mine", group="gpus", scheduler=sched.address) as client:
+        callback = GpuPhaseCallback(client)
+        callback.on_step_begin(ARGS, None, control())
+        callback.on_train_end(ARGS, None, control(should_training_stop=True))
+        assert [j.job for j in sched.group("gpus").jobs] == ["mine"]  # still registered
+        assert _events(sched, "mine")[-1] == pb.EVENT_KIND_YIELDED
+
+
+def test_offload_registers_the_model_and_the_optimizer_it_is_given() -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GpuPhaseCallback(offload=True) as callback:
+        assert callback.offloader is None
+        callback.on_train_begin(ARGS, None, control(), model=model, optimizer=optimizer)
+        assert callback.offloader is not None
+        assert callback.offloader.tags == ("weights", "optimizer")
+        assert callback.offloader.offload().bytes == (16 + 4) * 4
+        callback.on_step_begin(ARGS, None, control(), model=model, optimizer=optimizer)
+    # Leaving with state parked (here: offloaded by hand) copies it back in-process.
+    assert model.weight.untyped_storage().nbytes() == 16 * 4
+    assert not callback.offloader.offloaded
 
 
 def test_a_given_client_is_not_closed_by_the_callback(sched: SchedulerForTests) -> None:
