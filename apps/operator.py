@@ -7,6 +7,7 @@ read from environment variables or files, never from flags (they would show in `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ _DEFAULTS: dict[str, str] = {
     "job_token_key": "token",
     "gpu_toleration_key": "nvidia.com/gpu",
     "health_port": "8080",
+    "role": "all",
 }
 
 
@@ -38,6 +40,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default = _env(dest, _DEFAULTS.get(dest))
         parser.add_argument(f"--{name}", dest=dest, default=default, help=help_text, **kwargs)  # type: ignore[arg-type]
 
+    flag(
+        "role",
+        "what this process runs: controller (reconciles groups; one replica), webhook "
+        "(serves the pod-mutation webhook only; several replicas) or all",
+        choices=["all", "controller", "webhook"],
+    )
     flag("scheduler", "scheduler address the operator dials (host:port)")
     flag("admin-token-file", "file with the admin token (else RLSLICE_ADMIN_TOKEN)")
     flag("tls-ca", "CA bundle that verifies the scheduler (turns TLS on)")
@@ -59,6 +67,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flag("gpu-toleration-key", "taint key of GPU nodes that pods tolerate ('' for none)")
     flag("skip-namespaces", "comma-separated namespaces never mutated (system ones always)")
     flag("health-port", "port of kopf's liveness endpoint (/healthz); 0 turns it off")
+    # Created at run time by the controller (GitOps: the chart renders no secret values).
+    flag("tokens-secret", "create this tokens Secret when missing and read the admin token")
+    flag("job-namespaces", "comma-separated namespaces that get the job-token Secret")
+    flag("webhook-tls-secret", "create (and renew) this webhook TLS Secret when missing")
+    flag("webhook-names", "comma-separated DNS names the webhook certificate covers")
+    flag("webhook-configuration", "MutatingWebhookConfiguration whose caBundle to keep")
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 def _read_token(file: str | None, env: str) -> str | None:
@@ -105,26 +123,64 @@ def run(args: argparse.Namespace) -> int:
             certfile=Path(args.webhook_cert) if args.webhook_cert else None,
             keyfile=Path(args.webhook_key) if args.webhook_key else None,
         )
+    admin_token = _read_token(args.admin_token_file, "RLSLICE_ADMIN_TOKEN")
     config = OperatorConfig(
         scheduler_address=args.scheduler,
         injection=injection,
-        admin_token=_read_token(args.admin_token_file, "RLSLICE_ADMIN_TOKEN"),
+        admin_token=admin_token,
         tls=tls,
         status_interval=float(args.status_interval),
         delete_timeout=float(args.delete_timeout),
         rpc_timeout=float(args.rpc_timeout),
         webhook=webhook,
+        role=args.role,
     )
     health = int(args.health_port)
-    registry = build_registry(config)
-    login_in_cluster(registry)
-    asyncio.run(
-        kopf.operator(
+
+    async def main() -> int:
+        nonlocal config
+        if config.reconciles and (args.tokens_secret or args.webhook_tls_secret):
+            tokens = await _bootstrap(args)
+            if tokens is None:
+                return 1
+            if tokens.get("admin-token") and not config.admin_token:
+                config = dataclasses.replace(config, admin_token=tokens["admin-token"])
+        registry = build_registry(config)
+        login_in_cluster(registry)
+        await kopf.operator(
             registry=registry,
             settings=operator_settings(config),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health else None,
         )
+        return 0
+
+    return asyncio.run(main())
+
+
+async def _bootstrap(args: argparse.Namespace) -> dict[str, str] | None:
+    """Create the run-time Secrets (see `rlslice.operator.bootstrap`); None on failure."""
+    import datetime
+    import sys
+
+    from rlslice.adapters.kube import KubeAPI, KubeError, namespace_in_cluster
+    from rlslice.operator.bootstrap import BootstrapSettings, bootstrap
+
+    settings = BootstrapSettings(
+        namespace=namespace_in_cluster(),
+        tokens_secret=args.tokens_secret or "",
+        job_token_secret=args.job_token_secret or "",
+        job_namespaces=_names(args.job_namespaces),
+        webhook_secret=args.webhook_tls_secret or "",
+        webhook_names=_names(args.webhook_names),
+        webhook_configuration=args.webhook_configuration or "",
     )
-    return 0
+    api = KubeAPI.from_environment()
+    try:
+        return await bootstrap(api, settings, datetime.datetime.now(datetime.UTC))
+    except KubeError as error:
+        print(f"rlslice operator: creating its Secrets: {error}", file=sys.stderr)
+        return None
+    finally:
+        await api.close()

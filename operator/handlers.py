@@ -54,7 +54,7 @@ def operator_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.posting.level = logging.WARNING
     settings.peering.standalone = True  # one replica, Recreate: no peering resources needed
     settings.admission.managed = None  # the chart owns the MutatingWebhookConfiguration
-    if config.webhook is not None:
+    if config.admits and config.webhook is not None:
         settings.admission.server = kopf.WebhookServer(
             addr=config.webhook.addr,
             port=config.webhook.port,
@@ -68,7 +68,9 @@ def operator_settings(config: OperatorConfig) -> kopf.OperatorSettings:
 def build_registry(
     config: OperatorConfig, registry: kopf.OperatorRegistry | None = None
 ) -> kopf.OperatorRegistry:
-    """A registry with every handler, bound to `config`.
+    """A registry with the handlers of `config.role`, bound to `config`: the controller's
+    (put, status timer, delete behind the finalizer) and/or the webhook's (the groups index
+    and the pod mutation).
 
     It has no login handler: add `login_in_cluster` for a real cluster, or your own (the
     tests log in to an emulated API server).
@@ -88,80 +90,84 @@ def build_registry(
             )
         return api_holder["api"]
 
-    @kopf.on.cleanup(registry=registry)
-    async def close_channel(**_: Any) -> None:
-        if "api" in api_holder:
-            await api_holder.pop("api").close()
+    if config.reconciles:
 
-    @kopf.index(*resource, id="groups", registry=registry)
-    def groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-        # Read by the webhook: the group a pod names, without an API call per admission.
-        return {name: {"spec": dict(body.get("spec") or {})}}
+        @kopf.on.cleanup(registry=registry)
+        async def close_channel(**_: Any) -> None:
+            if "api" in api_holder:
+                await api_holder.pop("api").close()
 
-    @kopf.on.resume(*resource, id="put-group", registry=registry)
-    @kopf.on.create(*resource, id="put-group", registry=registry)
-    @kopf.on.update(*resource, id="put-group", field="spec", registry=registry)
-    async def put_group(
-        name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
-    ) -> None:
-        await _sync(api(), name, spec, body, patch, timer=False)
+        @kopf.on.resume(*resource, id="put-group", registry=registry)
+        @kopf.on.create(*resource, id="put-group", registry=registry)
+        @kopf.on.update(*resource, id="put-group", field="spec", registry=registry)
+        async def put_group(
+            name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
+        ) -> None:
+            await _sync(api(), name, spec, body, patch, timer=False)
 
-    @kopf.timer(*resource, id="sync-status", interval=config.status_interval, registry=registry)
-    async def sync_status(
-        name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
-    ) -> None:
-        if body.metadata.get("deletionTimestamp"):
-            return
-        await _sync(api(), name, spec, body, patch, timer=True)
+        @kopf.timer(*resource, id="sync-status", interval=config.status_interval, registry=registry)
+        async def sync_status(
+            name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
+        ) -> None:
+            if body.metadata.get("deletionTimestamp"):
+                return
+            await _sync(api(), name, spec, body, patch, timer=True)
 
-    @kopf.on.delete(*resource, id="delete-group", registry=registry)
-    async def delete_group(name: str, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        client = api()
-        try:
-            observed = await client.get(name)
-        except RlsliceError as error:
-            raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
-        waited = _seconds_since(body.metadata.get("deletionTimestamp"))
-        actions = finalize(
-            name,
-            observed,
-            waited_seconds=waited,
-            timeout_seconds=config.delete_timeout,
-            poll_seconds=config.status_interval,
+        @kopf.on.delete(*resource, id="delete-group", registry=registry)
+        async def delete_group(name: str, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+            client = api()
+            try:
+                observed = await client.get(name)
+            except RlsliceError as error:
+                raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
+            waited = _seconds_since(body.metadata.get("deletionTimestamp"))
+            actions = finalize(
+                name,
+                observed,
+                waited_seconds=waited,
+                timeout_seconds=config.delete_timeout,
+                poll_seconds=config.status_interval,
+            )
+            patch.status["phase"] = "Deleting"
+            for action in actions:
+                if isinstance(action, RetryLater):
+                    raise kopf.TemporaryError(action.reason, delay=action.delay)
+                if isinstance(action, DeleteGroup):
+                    try:
+                        await client.delete(action.name, force=action.force)
+                    except FailedPreconditionError as error:  # a job took the lock meanwhile
+                        raise kopf.TemporaryError(f"scheduler: {error}", delay=1) from None
+                    except RlsliceError as error:
+                        raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
+                    if action.force:
+                        log.warning("group %s: deletion forced after %.0fs", name, waited)
+
+    if config.admits:
+
+        @kopf.index(*resource, id="groups", registry=registry)
+        def groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+            # Read by the webhook: the group a pod names, without an API call per admission.
+            return {name: {"spec": dict(body.get("spec") or {})}}
+
+        @kopf.on.mutate(
+            "v1",
+            "pods",
+            id=WEBHOOK_ID,
+            operation="CREATE",
+            labels={GROUP_LABEL: kopf.PRESENT},
+            registry=registry,
         )
-        patch.status["phase"] = "Deleting"
-        for action in actions:
-            if isinstance(action, RetryLater):
-                raise kopf.TemporaryError(action.reason, delay=action.delay)
-            if isinstance(action, DeleteGroup):
-                try:
-                    await client.delete(action.name, force=action.force)
-                except FailedPreconditionError as error:  # a job took the lock meanwhile
-                    raise kopf.TemporaryError(f"scheduler: {error}", delay=1) from None
-                except RlsliceError as error:
-                    raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
-                if action.force:
-                    log.warning("group %s: deletion forced after %.0fs", name, waited)
-
-    @kopf.on.mutate(
-        "v1",
-        "pods",
-        id=WEBHOOK_ID,
-        operation="CREATE",
-        labels={GROUP_LABEL: kopf.PRESENT},
-        registry=registry,
-    )
-    async def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-        groups: kopf.Index[str, Any] = kwargs["groups"]  # the index above, by its name
-        # The webhook configuration's namespaceSelector keeps system namespaces out; the
-        # pure function skips them again when the object names its namespace.
-        name = (body.metadata.labels or {}).get(GROUP_LABEL, "")
-        group = next(iter(groups.get(name, [])), None)
-        ops = mutate(dict(body), group, config.injection)
-        if ops:
-            # kopf diffs the transformed body against the original into the response's
-            # JSON patch, so the effect is exactly these operations.
-            patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
+        async def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+            groups: kopf.Index[str, Any] = kwargs["groups"]  # the index above, by its name
+            # The webhook configuration's namespaceSelector keeps system namespaces out; the
+            # pure function skips them again when the object names its namespace.
+            name = (body.metadata.labels or {}).get(GROUP_LABEL, "")
+            group = next(iter(groups.get(name, [])), None)
+            ops = mutate(dict(body), group, config.injection)
+            if ops:
+                # kopf diffs the transformed body against the original into the response's
+                # JSON patch, so the effect is exactly these operations.
+                patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
     return registry
 

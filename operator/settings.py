@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rlslice.config import TLSConfig
 from rlslice.operator.mutation import InjectionSettings
@@ -23,6 +24,12 @@ class WebhookSettings:
     """PEM key of `certfile`."""
     insecure: bool = False
     """Plain HTTP (tests only: the API server requires HTTPS)."""
+
+
+Role = Literal["all", "controller", "webhook"]
+"""What one operator process runs: `controller` reconciles TimeSliceGroups (one replica),
+`webhook` only serves the pod-mutation webhook (several replicas: it writes nothing),
+`all` both in one process (standalone use, tests)."""
 
 
 @dataclass(frozen=True)
@@ -46,3 +53,15 @@ class OperatorConfig:
     """Deadline of each scheduler call."""
     webhook: WebhookSettings | None = None
     """The admission webhook server, or None to run without it."""
+    role: Role = "all"
+    """Which handlers this process registers (see `Role`)."""
+
+    @property
+    def reconciles(self) -> bool:
+        """Whether this process reconciles TimeSliceGroups (writes to the scheduler)."""
+        return self.role in ("all", "controller")
+
+    @property
+    def admits(self) -> bool:
+        """Whether this process serves the pod-mutation webhook."""
+        return self.role in ("all", "webhook") and self.webhook is not None

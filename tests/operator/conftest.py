@@ -22,7 +22,7 @@ import yaml
 
 from rlslice.operator.handlers import build_registry, operator_settings
 from rlslice.operator.mutation import InjectionSettings
-from rlslice.operator.settings import OperatorConfig, WebhookSettings
+from rlslice.operator.settings import OperatorConfig, Role, WebhookSettings
 from rlslice.scheduler import SchedulerSettings, start_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,8 +117,17 @@ def delete_timeout() -> float:
 
 
 @pytest.fixture
+def operator_role() -> Role:
+    """What the operator under test runs (a module overrides this fixture to change it)."""
+    return "all"
+
+
+@pytest.fixture
 async def operator(
-    k8s: kmock.KubernetesEmulator, scheduler: Scheduler, delete_timeout: float
+    k8s: kmock.KubernetesEmulator,
+    scheduler: Scheduler,
+    delete_timeout: float,
+    operator_role: Role,
 ) -> AsyncIterator[Operator]:
     port = free_port()
     config = OperatorConfig(
@@ -132,6 +141,7 @@ async def operator(
         delete_timeout=delete_timeout,
         rpc_timeout=5.0,
         webhook=WebhookSettings(port=port, addr="127.0.0.1", insecure=True),
+        role=operator_role,
     )
     registry = build_registry(config, kopf.OperatorRegistry())
 
