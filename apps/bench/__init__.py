@@ -26,6 +26,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "acquire overhead and scheduler CPU/RSS at 10 vs 1,000 groups",
     ),
     "soak": ("rlslice.apps.bench.soak", "random phases, kills and restarts; checks the invariants"),
+    "advise": (
+        "rlslice.apps.bench.advise",
+        "placement advisor: search time for 32 jobs, heuristic gap to exhaustive",
+    ),
 }
 
 
