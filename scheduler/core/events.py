@@ -75,6 +75,10 @@ class SwitchDone:
     evicted: tuple[str, ...] = ()
     moved_bytes: int = 0
     seconds: float = 0.0
+    restored_bytes: int | None = None
+    """Bytes the incoming job's restores brought back (None: not told apart from the
+    snapshots' bytes; `moved_bytes` stands in). The grant says `restored` only when some
+    came back: a job no agent knows was restored from nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -375,7 +375,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
             incoming,
             switch.ticket,
             tx.now - switch.waited_since,
-            restored=switch.restore,
+            restored=switch.restore and _came_back(e) > 0,
             switch_seconds=e.seconds,
             moved_bytes=e.moved_bytes,
             reserved=True,
@@ -383,6 +383,10 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
         )
     else:
         _serve(tx)
+
+
+def _came_back(e: ev.SwitchDone) -> int:
+    return e.moved_bytes if e.restored_bytes is None else e.restored_bytes
 
 
 def _snapshot_failed(tx: _Tx, e: ev.SnapshotFailed | ev.SwitchFailed) -> None:
