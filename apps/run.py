@@ -10,12 +10,20 @@ exits with CMD's status (128 + N when CMD died of signal N).
 Environment given to CMD: RLSLICE_JOB, RLSLICE_GROUP, RLSLICE_AGENT_SOCKET,
 RLSLICE_AGENT_REGISTERED=1, RLSLICE_NODE (the agent's node name), and RLSLICE_SCHEDULER
 when --scheduler is given.
+
+Inside a Slurm allocation (`srun rlslice run -- python train.py`) the job and group default
+to the allocation's (`rlslice.apps._slurm`): job `slurm-<SLURM_JOB_ID>`, group named after
+the allocation's nodes; RLSLICE_NODE is this node's Slurm name as an agent id even with
+--no-register; CUDA_VISIBLE_DEVICES (Slurm's `--gres` binding) passes through, and the
+`sim` backend's devices follow it. `--print-group-config` prints the scheduler's
+`--group-config` for the allocation (one group over its nodes) and exits.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 ENV_JOB = "RLSLICE_JOB"
 ENV_GROUP = "RLSLICE_GROUP"
@@ -30,9 +38,15 @@ _SI_KERNEL = 0x80  # si_code of a signal the kernel (a terminal) sent: CMD alrea
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--job", default=os.environ.get(ENV_JOB), help="job id ($RLSLICE_JOB)")
     parser.add_argument(
-        "--group", default=os.environ.get(ENV_GROUP), help="group id ($RLSLICE_GROUP)"
+        "--job",
+        default=os.environ.get(ENV_JOB),
+        help="job id ($RLSLICE_JOB; in a Slurm allocation slurm-$SLURM_JOB_ID)",
+    )
+    parser.add_argument(
+        "--group",
+        default=os.environ.get(ENV_GROUP),
+        help="group id ($RLSLICE_GROUP; in a Slurm allocation, named after its nodes)",
     )
     parser.add_argument(
         "--agent-socket",
@@ -42,9 +56,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", default=None, help="scheduler address for the job's client")
     parser.add_argument("--backend", default="", help="backend to ask for (default: the group's)")
     parser.add_argument(
+        "--agent-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep trying an agent that is not up yet (its socket missing or silent) for "
+        "this long (default 0: fail at once); a Slurm step started beside the agent's needs it",
+    )
+    parser.add_argument(
         "--no-register",
         action="store_true",
         help="do not register with an agent (the job cannot be snapshotted)",
+    )
+    parser.add_argument(
+        "--print-group-config",
+        action="store_true",
+        help="print the scheduler's --group-config for this Slurm allocation and exit",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
@@ -55,8 +82,24 @@ def run(args: argparse.Namespace) -> int:
 
     from rlslice._errors import InvalidArgumentError
     from rlslice._ids import validate_id
+    from rlslice.apps._slurm import allocation_from, group_config_yaml
     from rlslice.client._local import default_socket_path
 
+    allocation = allocation_from(os.environ)
+    if allocation is not None:
+        args.job = args.job or allocation.job
+        args.group = args.group or allocation.group
+    if args.print_group_config:
+        if allocation is None:
+            print("rlslice run: --print-group-config needs a Slurm allocation", file=sys.stderr)
+            return 2
+        try:
+            group = validate_id(args.group, "group")
+        except InvalidArgumentError as error:
+            print(f"rlslice run: {error}", file=sys.stderr)
+            return 2
+        print(group_config_yaml(allocation, group=group, backend=args.backend or "sim"), end="")
+        return 0
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -90,15 +133,19 @@ def _child(
 
     env = dict(os.environ)
     env.update({ENV_JOB: job, ENV_GROUP: group, ENV_AGENT_SOCKET: socket_path})
+    slurm_node = os.environ.get("SLURMD_NODENAME")
+    if slurm_node and ENV_NODE not in env:
+        from rlslice._nodes import node_label
+
+        env[ENV_NODE] = node_label(slurm_node)  # the agent's answer replaces it below
     if args.scheduler:
         env[ENV_SCHEDULER] = args.scheduler
     try:
         if not args.no_register:
             from rlslice._errors import RlsliceError
-            from rlslice.client._local import register_with_agent
 
             try:
-                registration = register_with_agent(socket_path, job, group, backend=args.backend)
+                registration = _register(socket_path, job, group, args.backend, args.agent_wait)
             except (RlsliceError, ValueError) as error:
                 print(
                     f"rlslice run: cannot register with the agent at {socket_path}: {error} "
@@ -116,6 +163,24 @@ def _child(
         sys.stderr.flush()
         os._exit(127 if isinstance(error, FileNotFoundError) else 126)
     os._exit(1)  # pragma: no cover
+
+
+def _register(socket_path: str, job: str, group: str, backend: str, wait: float) -> Any:
+    """Register this process with the agent, trying again for `wait` seconds while the
+    agent is unavailable (not started yet, or restarting)."""
+    import time
+
+    from rlslice._errors import UnavailableError
+    from rlslice.client import register_with_agent
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return register_with_agent(socket_path, job, group, backend=backend)
+        except UnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _wait(pid: int, forwarded: set[int]) -> int:

@@ -15,6 +15,10 @@ Where the device lives, first match wins: `node_dir=`; `$RLSLICE_SIM_DIR`;
 `$RLSLICE_SIM_ROOT` (default `/dev/shm/rlslice-sim`) joined with the node name
 (`node=`, `$RLSLICE_NODE`, or the host name as a DNS-1123 label). The job comes from `job=`
 or `$RLSLICE_JOB`. The layout is the agent's (`rlslice.snapshot_agent.backends._simfs`).
+
+`attach(index)` counts devices as CUDA does: with `CUDA_VISIBLE_DEVICES` set (by Slurm's
+`--gres=gpu:N`, or by hand) to a list of device numbers, `index` is a position in that
+list, so `attach(0)` under `CUDA_VISIBLE_DEVICES=2,3` is the node's emulated device 2.
 """
 
 from __future__ import annotations
@@ -33,16 +37,17 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlslice import env
 from rlslice._errors import ResourceExhaustedError
 from rlslice._ids import validate_id
 
 __all__ = ["SimBuffer", "SimDevice", "SimOutOfMemoryError", "attach"]
 
-DEFAULT_ROOT = "/dev/shm/rlslice-sim"
-ENV_SIM_DIR = "RLSLICE_SIM_DIR"
-ENV_SIM_ROOT = "RLSLICE_SIM_ROOT"
-ENV_NODE = "RLSLICE_NODE"
-ENV_JOB = "RLSLICE_JOB"
+DEFAULT_ROOT = env.DEFAULT_SIM_ROOT
+ENV_SIM_DIR = env.SIM_DIR
+ENV_SIM_ROOT = env.SIM_ROOT
+ENV_NODE = env.NODE
+ENV_JOB = env.JOB
 _GiB = 1 << 30
 _counter = itertools.count()
 _live: weakref.WeakSet[SimBuffer] = weakref.WeakSet()
@@ -167,8 +172,11 @@ def attach(
     node: str | None = None,
     node_dir: str | os.PathLike[str] | None = None,
 ) -> SimDevice:
-    """The emulated device `index` of this node, for job `job` (see the module doc)."""
+    """The emulated device `index` of this node, for job `job` (see the module doc).
+
+    `index` counts the devices `CUDA_VISIBLE_DEVICES` lists, when it is set."""
     job = validate_id(job or os.environ.get(ENV_JOB, ""), "job")
+    index = _visible_device(index)
     if node_dir is None:
         env_dir = os.environ.get(ENV_SIM_DIR)
         if env_dir:
@@ -192,6 +200,19 @@ def attach(
                 _register_cleanup()
             return SimDevice(folder, index, job, int(device["total_bytes"]), str(device["name"]))
     raise ValueError(f"index: no emulated device {index} at {folder}")
+
+
+def _visible_device(index: int) -> int:
+    """The node's device number for the process's device `index` (CUDA's numbering)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not visible:
+        return index
+    listed = [item.strip() for item in visible.split(",")]
+    if not all(item.isdigit() for item in listed):
+        return index  # UUIDs or MIG names: no emulated counterpart, count as given
+    if not 0 <= index < len(listed):
+        raise ValueError(f"index: {index} is not among CUDA_VISIBLE_DEVICES={visible}")
+    return int(listed[index])
 
 
 _cleanup_registered = False
