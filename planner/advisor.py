@@ -37,7 +37,7 @@ from rlslice.planner.profile import WorkloadProfile
 
 DEFAULT_MAX_SLOWDOWN = 1.2
 #: Simulated cycles of the slowest job in a candidate group (the horizon of a score).
-CYCLES_PER_SCORE = 40
+CYCLES_PER_SCORE = 20
 MIN_HORIZON_S = 60.0
 
 
@@ -280,8 +280,20 @@ def _exhaustive(scorer: _Scorer, names: Sequence[str], size: int) -> Partition:
 
 
 def _heuristic(scorer: _Scorer, names: Sequence[str], size: int, budget: int) -> Partition:
-    current = [frozenset([n]) for n in names]
-    # Greedy: join the two groups whose union loses the fewest GPU-seconds.
+    current = _merge(scorer, [frozenset([n]) for n in names], size, budget)
+    # Polish within a budget of its own: a move or swap that raises the fleet busy
+    # fraction, then merge again (the move may have made room).
+    polish = min(budget, scorer.evaluations + max(100, 8 * len(names)))
+    while (moved := _improve_once(scorer, current, size, polish)) is not None:
+        current = moved
+    return tuple(current)
+
+
+def _merge(
+    scorer: _Scorer, blocks: list[frozenset[str]], size: int, budget: int
+) -> list[frozenset[str]]:
+    """Greedy: join the two groups whose union loses the fewest GPU-seconds, while allowed."""
+    current = list(blocks)
     while scorer.evaluations < budget:
         best: tuple[float, int, int] | None = None
         for i, j in combinations(range(len(current)), 2):
@@ -303,46 +315,41 @@ def _heuristic(scorer: _Scorer, names: Sequence[str], size: int, budget: int) ->
         _, i, j = best
         union = current[i] | current[j]
         current = [b for k, b in enumerate(current) if k not in (i, j)] + [union]
-    return tuple(_improve(scorer, current, size, budget))
+    return current
 
 
-def _improve(
+def _improve_once(
     scorer: _Scorer, blocks: list[frozenset[str]], size: int, budget: int
-) -> list[frozenset[str]]:
-    """Move or swap single jobs between two groups while the fleet busy fraction rises."""
+) -> list[frozenset[str]] | None:
+    """The first move or swap of single jobs between two groups that, with the greedy merges
+    it makes possible, raises the fleet busy fraction (every group allowed), or None."""
 
     def value(partition: Sequence[frozenset[str]]) -> float | None:
-        scores = [scorer.score(tuple(b)) for b in partition if b]
+        scores = [scorer.score(tuple(b)) for b in partition]
         return _fleet(scores) if all(s.allowed for s in scores) else None
 
-    current = list(blocks)
-    best_value = value(current) or 0.0
-    improved = True
-    while improved and scorer.evaluations < budget:
-        improved = False
-        for i, j in combinations(range(len(current)), 2):
-            a, b = current[i], current[j]
-            moves: list[tuple[frozenset[str], frozenset[str]]] = []
-            for x in a:
-                if len(b) < size:
-                    moves.append((a - {x}, b | {x}))
-                for y in b:
-                    moves.append(((a - {x}) | {y}, (b - {y}) | {x}))
-            for y in b:
-                if len(a) < size:
-                    moves.append((a | {y}, b - {y}))
-            for new_a, new_b in moves:
-                if scorer.evaluations >= budget:
-                    break
-                trial = [blk for k, blk in enumerate(current) if k not in (i, j)]
-                trial += [blk for blk in (new_a, new_b) if blk]
-                trial_value = value(trial)
-                if trial_value is not None and trial_value > best_value + 1e-9:
-                    current, best_value, improved = trial, trial_value, True
-                    break
-            if improved:
-                break
-    return current
+    current_value = value(blocks) or 0.0
+    for i, j in combinations(range(len(blocks)), 2):
+        a, b = blocks[i], blocks[j]
+        moves: list[tuple[frozenset[str], frozenset[str]]] = []
+        for x in sorted(a):
+            if len(b) < size:
+                moves.append((a - {x}, b | {x}))
+            moves.extend(((a - {x}) | {y}, (b - {y}) | {x}) for y in sorted(b))
+        moves.extend((a | {y}, b - {y}) for y in sorted(b) if len(a) < size)
+        rest = [blk for k, blk in enumerate(blocks) if k not in (i, j)]
+        for new_a, new_b in moves:
+            if scorer.evaluations >= budget:
+                return None
+            trial = rest + [blk for blk in (new_a, new_b) if blk]
+            if value(trial) is None:
+                continue
+            # Look one step ahead: the move may only pay once it lets two groups merge.
+            merged = _merge(scorer, trial, size, budget)
+            trial_value = value(merged)
+            if trial_value is not None and trial_value > current_value + 1e-9:
+                return merged
+    return None
 
 
 def advise(
