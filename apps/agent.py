@@ -12,25 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+from rlslice.apps.flags import size
+from rlslice.env import read_token_file
 
-
-def parse_size(text: str) -> int:
-    """Bytes from `1073741824`, `1GiB`, `512MiB`, `2G` (SI: powers of 1000) or `2GiB`."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (try 16GiB or 512MiB)")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    if unit.endswith("ib") or (len(unit) == 2 and unit[1] == "i"):
-        factor = 1 << (10 * "kmgt".index(unit[0]) + 10)
-    else:
-        factor = _UNITS[unit.rstrip("b")] if unit != "b" else 1
-    return int(number * factor)
+parse_size = size  # the one size parser (rlslice.apps.flags), kept under its old name
 
 
 def _env(name: str) -> str | None:
@@ -68,8 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("sim-root", help="sim: shared-memory folder (default /dev/shm/rlslice-sim)")
     add("host-reserve", help="host memory kept free when parking (default 1GiB)")
     add("scheduler", help="scheduler address to register with (host:port)")
-    add("token", help="agent token (prefer --token-file or RLSLICE_AGENT_TOKEN)")
-    add("token-file", help="file holding the agent token")
+    # The token comes from a file or RLSLICE_AGENT_TOKEN, never from a flag: a command
+    # line is visible to every user of the host.
+    add("token-file", help="file holding the agent token (else RLSLICE_AGENT_TOKEN)")
     add("tls-cert", help="PEM certificate of the Agent service (RLSLICE_AGENT_SERVER_TLS_CERT)")
     add("tls-key", help="PEM key of the Agent service (RLSLICE_AGENT_SERVER_TLS_KEY)")
     add(
@@ -145,9 +134,9 @@ def settings_from(args: argparse.Namespace) -> Any:
     if args.sim_root:
         sim["root"] = Path(args.sim_root)
     fields["sim"] = SimSettings(**sim)
-    token = args.token
-    if not token and args.token_file:
-        token = Path(args.token_file).read_text().strip()
+    token = (
+        read_token_file(Path(args.token_file), "--token-file") if args.token_file else _env("token")
+    )
     if token:
         fields["token"] = token
     if args.tls_cert or args.tls_key:

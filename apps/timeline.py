@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from rlslice.apps.flags import add_connection_flags, connection_from
 from rlslice.apps.trace_export import (
     Event,
     Timeline,
@@ -33,9 +33,9 @@ from rlslice.apps.trace_export import (
 )
 
 if TYPE_CHECKING:
+    from rlslice.config import TLSConfig
     from rlslice.v1alpha1 import scheduler_pb2
 
-DEFAULT_SCHEDULER = "127.0.0.1:50551"
 SUFFIXES = (".json", ".png")
 
 
@@ -49,16 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="output file; .json writes a Chrome trace, .png a picture (repeat for both)",
     )
-    parser.add_argument(
-        "--scheduler",
-        default=os.environ.get("RLSLICE_SCHEDULER", DEFAULT_SCHEDULER),
-        help="scheduler address host:port (env RLSLICE_SCHEDULER)",
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("RLSLICE_TOKEN", ""),
-        help="bearer token (env RLSLICE_TOKEN)",
-    )
+    add_connection_flags(parser)
     parser.add_argument(
         "--from-log",
         type=Path,
@@ -98,11 +89,23 @@ def run(args: argparse.Namespace) -> int:
         from rlslice._errors import RlsliceError
 
         try:
+            connection = connection_from(args)
+        except RlsliceError as error:
+            print(f"timeline: {error}", file=sys.stderr)
+            return 2
+        try:
             events = asyncio.run(
-                fetch_events(args.scheduler, args.group, args.limit, args.token, args.timeout)
+                fetch_events(
+                    connection.address,
+                    args.group,
+                    args.limit,
+                    connection.token or "",
+                    args.timeout,
+                    tls=connection.tls,
+                )
             )
         except RlsliceError as error:
-            print(f"timeline: {args.scheduler}: {error}", file=sys.stderr)
+            print(f"timeline: {connection.address}: {error}", file=sys.stderr)
             return 1
     if args.save_log is not None:
         args.save_log.write_text(
@@ -126,7 +129,13 @@ def write(timeline: Timeline, out: Path) -> None:
 
 
 async def fetch_events(
-    address: str, group: str, limit: int = 0, token: str = "", timeout: float = 10.0
+    address: str,
+    group: str,
+    limit: int = 0,
+    token: str = "",
+    timeout: float = 10.0,
+    *,
+    tls: TLSConfig | None = None,
 ) -> list[Event]:
     """The group's event ring from the scheduler at `address` (raises an rlslice error)."""
     import grpc
@@ -135,7 +144,7 @@ async def fetch_events(
     from rlslice.adapters.grpc_errors import error_from_rpc
     from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
-    async with open_channel(address, token=token or None) as channel:
+    async with open_channel(address, tls=tls, token=token or None) as channel:
         # The async stub type exists only in the .pyi (mypy-protobuf); at run time it is the same.
         stub = cast(
             "scheduler_pb2_grpc.SchedulerAsyncStub", scheduler_pb2_grpc.SchedulerStub(channel)

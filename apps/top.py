@@ -16,12 +16,12 @@ stream messages (both for scripts and tests).
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
+from rlslice.apps.flags import Connection, add_connection_flags, connection_from
 from rlslice.apps.trace_export import Event
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
     from rlslice.v1alpha1 import scheduler_pb2
 
-DEFAULT_SCHEDULER = "127.0.0.1:50551"
 RECENT_SWITCHES = 8
 
 
@@ -319,16 +318,7 @@ async def snapshot(channel: grpc.aio.Channel, group: str = "") -> TopState:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--scheduler",
-        default=os.environ.get("RLSLICE_SCHEDULER", DEFAULT_SCHEDULER),
-        help="scheduler address host:port (env RLSLICE_SCHEDULER)",
-    )
-    parser.add_argument(
-        "--token",
-        default=os.environ.get("RLSLICE_TOKEN", ""),
-        help="bearer token (env RLSLICE_TOKEN)",
-    )
+    add_connection_flags(parser)
     parser.add_argument("--group", default="", help="show only this group")
     parser.add_argument("--once", action="store_true", help="print the current state once and exit")
     parser.add_argument(
@@ -362,25 +352,34 @@ def run(args: argparse.Namespace) -> int:
     if args.refresh <= 0:
         print("top: --refresh: must be above 0", file=sys.stderr)
         return 2
+    from rlslice._errors import InvalidArgumentError
+
+    try:
+        connection = connection_from(args)
+    except InvalidArgumentError as error:
+        print(f"top: {error}", file=sys.stderr)
+        return 2
     console = Console()
     try:
-        return asyncio.run(_main(args, console))
+        return asyncio.run(_main(connection, args, console))
     except grpc.RpcError as error:
-        print(f"top: {args.scheduler}: {error_from_rpc(error)}", file=sys.stderr)
+        print(f"top: {connection.address}: {error_from_rpc(error)}", file=sys.stderr)
     except TimeoutError:
-        print(f"top: {args.scheduler}: no snapshot within {args.timeout:g} s", file=sys.stderr)
+        print(f"top: {connection.address}: no snapshot within {args.timeout:g} s", file=sys.stderr)
     return 1
 
 
-async def _main(args: argparse.Namespace, console: Console) -> int:
+async def _main(connection: Connection, args: argparse.Namespace, console: Console) -> int:
     import asyncio
 
     from rich.live import Live
 
     from rlslice.adapters.channel import open_channel
 
-    title = f"rlslice top · {args.scheduler}"
-    async with open_channel(args.scheduler, token=args.token or None) as channel:
+    title = f"rlslice top · {connection.address}"
+    async with open_channel(
+        connection.address, tls=connection.tls, token=connection.token
+    ) as channel:
         if args.once:
             state = await asyncio.wait_for(snapshot(channel, args.group), args.timeout)
             console.print(render(state, time.time(), title=title))

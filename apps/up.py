@@ -15,6 +15,8 @@ import os
 import signal
 from pathlib import Path
 
+from rlslice.apps.flags import size
+
 log = logging.getLogger("rlslice.up")
 
 
@@ -59,8 +61,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sim-root", type=Path, default=None, help="sim shared-memory root")
     parser.add_argument("--sim-devices", type=int, default=1, help="emulated devices")
+    # Spelled as `rlslice agent` spells them; the old *-bytes spellings stay as aliases.
     parser.add_argument(
-        "--sim-capacity-bytes", type=int, default=16 << 30, help="memory per emulated device"
+        "--sim-capacity",
+        "--sim-capacity-bytes",
+        dest="sim_capacity_bytes",
+        type=size,
+        default=16 << 30,
+        help="sim: memory of each emulated device (default 16GiB)",
     )
     parser.add_argument(
         "--sim-rate-gbps", type=float, default=25.0, help="emulated copy rate (0: unlimited)"
@@ -69,7 +77,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--sim-overhead-seconds", type=float, default=0.0, help="fixed cost per move"
     )
     parser.add_argument(
-        "--host-reserve-bytes", type=int, default=1 << 30, help="host memory kept free"
+        "--host-reserve",
+        "--host-reserve-bytes",
+        dest="host_reserve_bytes",
+        type=size,
+        default=1 << 30,
+        help="host memory kept free when parking (default 1GiB)",
     )
 
 

@@ -3,7 +3,7 @@
 The agent reads the caller's pid from the socket's peer credentials: a process can only
 register itself (and, through the agent's tracking, its future children).
 
-    from rlslice.client._local import register_with_agent
+    from rlslice.client import register_with_agent
 
     registration = register_with_agent(None, "grpo-7b", "gpus-a")   # default socket
 """
@@ -18,11 +18,12 @@ from typing import Any
 
 import grpc
 
+from rlslice import env
 from rlslice._ids import validate_id
 from rlslice.adapters.grpc_errors import error_from_rpc
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
-ENV_AGENT_SOCKET = "RLSLICE_AGENT_SOCKET"
+ENV_AGENT_SOCKET = env.AGENT_SOCKET
 _MODES = {"offload": agent_pb2.OFFLOAD_MODE_OFFLOAD, "discard": agent_pb2.OFFLOAD_MODE_DISCARD}
 
 

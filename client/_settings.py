@@ -10,25 +10,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from rlslice import env as env_names
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id, validate_seconds
 from rlslice.config import MAX_LEASE_SECONDS, TLSConfig
 
-#: Environment variables the client reads when the matching argument is absent.
-ENV_JOB = "RLSLICE_JOB"
-ENV_GROUP = "RLSLICE_GROUP"
-ENV_SCHEDULER = "RLSLICE_SCHEDULER"
-ENV_TOKEN = "RLSLICE_TOKEN"
-ENV_TOKEN_FILE = "RLSLICE_TOKEN_FILE"
-ENV_LEASE_SECONDS = "RLSLICE_LEASE_SECONDS"
-ENV_TLS_CA = "RLSLICE_TLS_CA"
-ENV_TLS_CERT = "RLSLICE_TLS_CERT"
-ENV_TLS_KEY = "RLSLICE_TLS_KEY"
-ENV_TLS_SERVER_NAME = "RLSLICE_TLS_SERVER_NAME"
-ENV_AGENT_SOCKET = "RLSLICE_AGENT_SOCKET"
-ENV_AGENT_REGISTERED = "RLSLICE_AGENT_REGISTERED"
+# The variables the client reads when the matching argument is absent (rlslice.env).
+ENV_JOB = env_names.JOB
+ENV_GROUP = env_names.GROUP
+ENV_SCHEDULER = env_names.SCHEDULER
+ENV_LEASE_SECONDS = env_names.LEASE_SECONDS
+ENV_AGENT_SOCKET = env_names.AGENT_SOCKET
+ENV_AGENT_REGISTERED = env_names.AGENT_REGISTERED
 
 
 @dataclass(frozen=True)
@@ -73,39 +67,15 @@ class ClientSettings:
 
 
 def _env(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name, "").strip()
-    return value or None
+    return env_names.value(env, name)
 
 
 def _token(token: str | None, env: Mapping[str, str]) -> str | None:
-    if token:
-        return token
-    if (from_env := _env(env, ENV_TOKEN)) is not None:
-        return from_env
-    if (path := _env(env, ENV_TOKEN_FILE)) is not None:
-        try:
-            return Path(path).read_text().strip() or None
-        except OSError as error:
-            raise InvalidArgumentError(
-                f"{ENV_TOKEN_FILE}: cannot read {path!r}: {error.strerror}"
-            ) from None
-    return None
+    return token or env_names.token_from(env)
 
 
 def _tls(tls: TLSConfig | None, env: Mapping[str, str]) -> TLSConfig | None:
-    if tls is not None:
-        return tls
-    ca, cert, key = _env(env, ENV_TLS_CA), _env(env, ENV_TLS_CERT), _env(env, ENV_TLS_KEY)
-    if ca is None and cert is None and key is None:
-        return None
-    if (cert is None) != (key is None):
-        raise InvalidArgumentError(f"{ENV_TLS_CERT}: needs {ENV_TLS_KEY} too, and vice versa")
-    return TLSConfig(
-        ca=Path(ca) if ca else None,
-        cert=Path(cert) if cert else None,
-        key=Path(key) if key else None,
-        server_name=_env(env, ENV_TLS_SERVER_NAME),
-    )
+    return tls if tls is not None else env_names.tls_from(env)
 
 
 def _lease_seconds(value: float | None, env: Mapping[str, str]) -> float:

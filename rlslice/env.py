@@ -1,0 +1,101 @@
+"""The job-side configuration vocabulary: every shared `RLSLICE_*` name and default, once.
+
+These are the variables a job process reads (the client, `rlslice run`, the `sim` client,
+the offload loop) and that launchers set for it (`rlslice run`, the operator's pod
+mutation, Slurm scripts, Ray's `runtime_env`). Each is defined here and nowhere else;
+tests/unit/test_env_vocabulary.py fails when a module spells one as a literal instead.
+
+Server commands keep their own prefixed names beside their flags (`RLSLICE_SCHEDULER_*`,
+`RLSLICE_AGENT_*`, `RLSLICE_OPERATOR_*`, see `rlslice.apps.flags`), so a variable never
+means one thing to a job and another to a server on the same host.
+
+`token_from(env)` and `tls_from(env)` resolve the two settings that take more than one
+variable, the same way for the client and for every client-side command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from rlslice._errors import InvalidArgumentError
+from rlslice.config import TLSConfig
+
+SCHEDULER = "RLSLICE_SCHEDULER"
+"""Scheduler address (`host:port` or `unix:/path`); unset: the client passes calls through."""
+JOB = "RLSLICE_JOB"
+"""Job id (DNS-1123 label)."""
+GROUP = "RLSLICE_GROUP"
+"""Default group of a job's phases."""
+NODE = "RLSLICE_NODE"
+"""Node id, where the host name is not the agent's node name."""
+TOKEN = "RLSLICE_TOKEN"
+"""Bearer token of the job role."""
+TOKEN_FILE = "RLSLICE_TOKEN_FILE"
+"""File holding the bearer token (read when `RLSLICE_TOKEN` is unset)."""
+LEASE_SECONDS = "RLSLICE_LEASE_SECONDS"
+"""Lease asked for at Register; unset: the group's default."""
+TLS_CA = "RLSLICE_TLS_CA"
+"""PEM CA bundle verifying the scheduler."""
+TLS_CERT = "RLSLICE_TLS_CERT"
+"""PEM client certificate (mutual TLS); needs `RLSLICE_TLS_KEY`."""
+TLS_KEY = "RLSLICE_TLS_KEY"
+"""PEM key of `RLSLICE_TLS_CERT`."""
+TLS_SERVER_NAME = "RLSLICE_TLS_SERVER_NAME"
+"""Overrides the name checked in the scheduler's certificate."""
+AGENT_SOCKET = "RLSLICE_AGENT_SOCKET"
+"""The node agent's Unix socket, to register this process with."""
+AGENT_REGISTERED = "RLSLICE_AGENT_REGISTERED"
+"""Set by a launcher that registered the process already: the client does not again."""
+SIM_ROOT = "RLSLICE_SIM_ROOT"
+"""`sim` backend: the shared-memory folder of emulated devices (default `DEFAULT_SIM_ROOT`)."""
+SIM_DIR = "RLSLICE_SIM_DIR"
+"""`sim` backend: this node's folder, overriding `RLSLICE_SIM_ROOT`/`RLSLICE_NODE`."""
+
+DEFAULT_SCHEDULER = "127.0.0.1:50551"
+"""Where client-side commands look for a scheduler, and where `rlslice scheduler` listens."""
+DEFAULT_SCHEDULER_PORT = 50551
+DEFAULT_SIM_ROOT = "/dev/shm/rlslice-sim"
+"""The `sim` backend's shared-memory folder, for the agent and its jobs alike."""
+
+
+def value(env: Mapping[str, str], name: str) -> str | None:
+    """`env[name]` stripped, or None when unset or empty (empty counts as absent)."""
+    text = env.get(name, "").strip()
+    return text or None
+
+
+def token_from(env: Mapping[str, str]) -> str | None:
+    """The job token: `RLSLICE_TOKEN`, else the contents of `RLSLICE_TOKEN_FILE`, else None.
+
+    Raises `InvalidArgumentError` naming the variable when the file cannot be read.
+    """
+    if (token := value(env, TOKEN)) is not None:
+        return token
+    if (path := value(env, TOKEN_FILE)) is not None:
+        return read_token_file(Path(path), TOKEN_FILE)
+    return None
+
+
+def read_token_file(path: Path, what: str) -> str | None:
+    """A token file's contents, stripped (None when empty); `what` names the flag or variable
+    in the one-line error when it cannot be read."""
+    try:
+        return path.read_text().strip() or None
+    except OSError as error:
+        raise InvalidArgumentError(f"{what}: cannot read {str(path)!r}: {error.strerror}") from None
+
+
+def tls_from(env: Mapping[str, str]) -> TLSConfig | None:
+    """TLS toward the scheduler from `RLSLICE_TLS_*`, or None (plaintext) when none is set."""
+    ca, cert, key = value(env, TLS_CA), value(env, TLS_CERT), value(env, TLS_KEY)
+    if ca is None and cert is None and key is None:
+        return None
+    if (cert is None) != (key is None):
+        raise InvalidArgumentError(f"{TLS_CERT}: needs {TLS_KEY} too, and vice versa")
+    return TLSConfig(
+        ca=Path(ca) if ca else None,
+        cert=Path(cert) if cert else None,
+        key=Path(key) if key else None,
+        server_name=value(env, TLS_SERVER_NAME),
+    )
