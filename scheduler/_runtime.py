@@ -141,6 +141,7 @@ class EventRing:
                 state.switches,
                 state.last_switch_seconds,
                 state.last_switch_at,
+                state.fencing,
             )
         )
         oldest = entries[0][8]
@@ -178,6 +179,7 @@ def _unpack(p: Packed, specs: Mapping[int, GroupSpec]) -> EventEntry:
         switches=p[20],
         last_switch_seconds=p[21],
         last_switch_at=p[22],
+        fencing=p[23],
     )
     return EventEntry(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], state)
 

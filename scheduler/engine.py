@@ -46,7 +46,11 @@ from rlslice.scheduler.core import (
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.state import JobRecord, Switch
 from rlslice.scheduler.metrics import SchedulerMetrics
-from rlslice.scheduler.store import AgentRecord, Store
+from rlslice.scheduler.store import AgentRecord, Store, StoreError
+
+#: Seconds before an internal event (a timer, a switch's result) whose transition the store
+#: could not persist is applied again.
+STORE_RETRY_SECONDS = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +338,10 @@ class Engine:
             return  # the job called again and was told it holds: it does
         if runtime and runtime.state.holder == job and runtime.state.epoch == epoch:
             log.info("job %s left before reading its grant of %s: yielding for it", job, group)
-            self._apply(runtime, events.Yield(job))
+            try:
+                self._apply(runtime, events.Yield(job))
+            except UnavailableError as error:  # the job's next call finds it holding
+                log.warning("yield for job %s in %s not persisted: %s", job, group, error)
 
     def yield_(self, group: str, job: str, lease_id: str, secret: str) -> actions.Yielded:
         """Give the group up (holder, or a preempted job acknowledging)."""
@@ -405,9 +412,9 @@ class Engine:
             return transition.actions
         new_holder = False
         if after is not before:
+            self._persist(before, after, transition.actions)
             runtime.state = after
             new_holder = self.waits.update(before, after)
-            self.store.save_group(after)
             if len(after.jobs) < len(before.jobs):
                 for name, record in before.jobs.items():
                     if name not in after.jobs:
@@ -426,6 +433,33 @@ class Engine:
         if new_holder and self.groups.get(after.name) is runtime:
             self._check_waiters(runtime)
         return transition.actions
+
+    def _persist(
+        self, before: GroupState, after: GroupState, done: tuple[actions.Action, ...]
+    ) -> None:
+        """Save `after`; a transition that grants or starts a switch is committed first.
+        When the store cannot take it, nothing changes: UnavailableError names the store
+        (callers retry; internal events are applied again later)."""
+        self.store.save_group(after)
+        commit = getattr(self.store, "commit", None)  # background writers have none
+        if commit is None or not any(_must_persist(action) for action in done):
+            self._note_store()
+            return
+        try:
+            commit()
+        except StoreError as error:
+            self.store.save_group(before)  # the newest state to write is the old one again
+            self.metrics.store_refusals.inc()
+            self.metrics.store_healthy.set(0)
+            log.warning("group %s: refused, the store cannot persist it: %s", after.name, error)
+            raise UnavailableError(
+                f"store: {error}; the scheduler grants nothing it cannot persist "
+                "(nothing changed; retry)"
+            ) from None
+        self.metrics.store_healthy.set(1)
+
+    def _note_store(self) -> None:
+        self.metrics.store_healthy.set(0 if getattr(self.store, "error", None) else 1)
 
     def _execute(
         self,
@@ -528,8 +562,16 @@ class Engine:
     def _fire(self, runtime: GroupRuntime) -> None:
         runtime.timer = None
         runtime.timer_at = None
-        if self.groups.get(runtime.state.name) is runtime:
+        if self.groups.get(runtime.state.name) is not runtime:
+            return
+        try:
             self._apply(runtime, events.Tick())
+        except UnavailableError:
+            # The store cannot persist what the tick would do: nothing changed; try again.
+            if not self._closed:
+                loop = asyncio.get_running_loop()
+                runtime.timer_at = self.clock() + STORE_RETRY_SECONDS
+                runtime.timer = loop.call_later(STORE_RETRY_SECONDS, self._fire, runtime)
 
     async def _run_switch(self, runtime: GroupRuntime, switch: Switch) -> None:
         try:
@@ -539,8 +581,13 @@ class Engine:
         except Exception as error:  # a bug in the coordinator must not wedge the group
             log.exception("switch of group %s failed unexpectedly", runtime.state.name)
             result = events.SwitchFailed(switch.epoch, f"internal error: {error!r}")
-        if self.groups.get(runtime.state.name) is runtime and not self._closed:
-            self._apply(runtime, result)
+        while self.groups.get(runtime.state.name) is runtime and not self._closed:
+            try:
+                self._apply(runtime, result)
+                return
+            except UnavailableError:
+                # Not persisted, so not granted: the result is applied once the store is back.
+                await asyncio.sleep(STORE_RETRY_SECONDS)
 
     async def _after_switch(
         self, runtime: GroupRuntime, release: Coroutine[Any, Any, None]
@@ -564,6 +611,15 @@ class Engine:
         for name, runtime in list(self.groups.items()):
             holding = runtime.state.holder_since if runtime.state.holder else None
             yield name, runtime.busy.fraction(now, holding)
+
+
+def _must_persist(action: actions.Action) -> bool:
+    """Whether the transition emitting `action` must be durable before it takes effect: a
+    grant (the fencing token a job may pass on), or a switch that moves state (a resumed
+    one was persisted before the restart)."""
+    if isinstance(action, actions.Grant):
+        return True
+    return isinstance(action, actions.StartSwitch) and not action.resume
 
 
 def _chain(

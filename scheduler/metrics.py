@@ -112,6 +112,18 @@ class SchedulerMetrics:
         self.preemptions = Counter(
             "rlslice_scheduler_preemptions", "Holders preempted", ["group"], registry=r
         )
+        self.store_refusals = Counter(
+            "rlslice_scheduler_store_refusals",
+            "Transitions refused (UNAVAILABLE) or retried because the store could not persist "
+            "them; nothing is granted unpersisted",
+            registry=r,
+        )
+        self.store_healthy = Gauge(
+            "rlslice_scheduler_store_healthy",
+            "1 while the store writes, 0 after a failed write until one succeeds again",
+            registry=r,
+        )
+        self.store_healthy.set(1)
         self.groups = Gauge("rlslice_scheduler_groups", "Groups known", registry=r)
         self.agents = Gauge("rlslice_scheduler_agents", "Agents registered", registry=r)
         self._holders: dict[str, str] = {}

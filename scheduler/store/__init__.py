@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlslice.scheduler.store.base import AgentRecord, Loaded, Store
+from rlslice.scheduler.store.base import AgentRecord, Loaded, Store, StoreError
 from rlslice.scheduler.store.memory import MemoryStore
 from rlslice.scheduler.store.sqlite import SQLiteStore
 
-__all__ = ["AgentRecord", "Loaded", "MemoryStore", "SQLiteStore", "Store", "open_store"]
+__all__ = [
+    "AgentRecord",
+    "Loaded",
+    "MemoryStore",
+    "SQLiteStore",
+    "Store",
+    "StoreError",
+    "open_store",
+]
 
 
 def open_store(spec: str | Path) -> Store:

@@ -17,6 +17,11 @@ Contract, for every implementation (memory, SQLite, Kubernetes):
 - `flush()` returns once everything saved so far is durable (a no-op when writes are
   synchronous). The scheduler awaits it on shutdown.
 - `close()` flushes and releases resources; the store is not used afterwards.
+- `commit()` (optional; SQLite and memory have it) writes everything saved so far before
+  it returns, or raises `StoreError` naming the store and why. The engine commits every
+  transition that grants or starts a switch before it takes effect, and undoes it when the
+  commit fails: nothing is granted that could not be persisted. A store without `commit`
+  writes in the background (Kubernetes).
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from rlslice.scheduler.core import GroupState
+
+
+class StoreError(Exception):
+    """The store could not write: the message names the store and says why."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,5 +33,8 @@ class MemoryStore:
     async def flush(self) -> None:
         return None
 
+    def commit(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None

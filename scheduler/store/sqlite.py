@@ -7,6 +7,11 @@ a commit appends to the log without an fsync, so a crash of the process loses no
 committed (a power loss may lose the last few commits). Without a running event loop
 (scripts, tests) each save is written at once. The schema carries a version; a file from a
 newer build is refused.
+
+A write that fails (a full filesystem, an I/O error) loses nothing: the states are kept and
+written again (every half second, and at the next save) until a write succeeds; meanwhile
+`error` says why and `commit()` raises `StoreError`, so the scheduler grants nothing it
+could not persist (see `SchedulerEngine`).
 """
 
 from __future__ import annotations
@@ -14,14 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from rlslice.scheduler.core import GroupState
-from rlslice.scheduler.store.base import AgentRecord, Loaded
+from rlslice.scheduler.store.base import AgentRecord, Loaded, StoreError
 from rlslice.scheduler.store.codec import SCHEMA_VERSION, decode_group, encode_group
+
+log = logging.getLogger(__name__)
+
+#: Seconds between attempts to write states kept after a failed write.
+RETRY_SECONDS = 0.5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -43,6 +54,9 @@ class SQLiteStore:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._pending: dict[str, GroupState | None] = {}
         self._scheduled = False
+        self._retry: asyncio.TimerHandle | None = None
+        self.error: str | None = None
+        """Why the last write failed (None once a write succeeds again)."""
         with self._transaction():
             for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
                 self._db.execute(statement)
@@ -63,10 +77,12 @@ class SQLiteStore:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled back by itself (disk full)
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     async def load(self) -> Loaded:
         groups = {
@@ -91,10 +107,22 @@ class SQLiteStore:
 
     def save_agent(self, agent: AgentRecord) -> None:
         text = json.dumps(asdict(agent), separators=(",", ":"))
-        self._db.execute("INSERT OR REPLACE INTO agents VALUES (?, ?)", (agent.node, text))
+        self._execute("INSERT OR REPLACE INTO agents VALUES (?, ?)", (agent.node, text))
 
     def delete_agent(self, node: str) -> None:
-        self._db.execute("DELETE FROM agents WHERE node = ?", (node,))
+        self._execute("DELETE FROM agents WHERE node = ?", (node,))
+
+    def _execute(self, sql: str, args: tuple[str, ...]) -> None:
+        try:
+            self._db.execute(sql, args)
+        except (sqlite3.Error, OSError) as error:
+            raise StoreError(f"sqlite {self.path}: {error}") from error
+
+    def commit(self) -> None:
+        """Write everything saved so far now; StoreError if it cannot be."""
+        self._write()
+        if self.error is not None:
+            raise StoreError(self.error)
 
     def _schedule(self) -> None:
         if self._scheduled:
@@ -108,22 +136,52 @@ class SQLiteStore:
         loop.call_soon(self._write)
 
     def _write(self) -> None:
-        """Write every pending group state in one transaction."""
+        """Write every pending group state in one transaction. On failure keep them (a
+        newer save of a group still wins), note the error and try again soon."""
         self._scheduled = False
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
-        with self._transaction() as db:
-            for name, state in pending.items():
-                if state is None:
-                    db.execute("DELETE FROM groups WHERE name = ?", (name,))
-                else:
-                    text = json.dumps(encode_group(state), separators=(",", ":"))
-                    db.execute("INSERT OR REPLACE INTO groups VALUES (?, ?)", (name, text))
+        try:
+            with self._transaction() as db:
+                for name, state in pending.items():
+                    if state is None:
+                        db.execute("DELETE FROM groups WHERE name = ?", (name,))
+                    else:
+                        text = json.dumps(encode_group(state), separators=(",", ":"))
+                        db.execute("INSERT OR REPLACE INTO groups VALUES (?, ?)", (name, text))
+        except (sqlite3.Error, OSError) as error:
+            self._pending = {**pending, **self._pending}
+            if self.error is None:
+                log.error("store: writing %s failed: %s; retrying", self.path, error)
+            self.error = f"sqlite {self.path}: {error}"
+            self._retry_soon()
+            return
+        if self.error is not None:
+            log.warning("store: %s is written again (it failed: %s)", self.path, self.error)
+            self.error = None
+
+    def _retry_soon(self) -> None:
+        if self._retry is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._retry = loop.call_later(RETRY_SECONDS, self._retried)
+
+    def _retried(self) -> None:
+        self._retry = None
+        self._write()
 
     async def flush(self) -> None:
         self._write()
 
     async def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         self._write()
+        if self.error is not None:
+            log.error("store: closing with states not written: %s", self.error)
         self._db.close()

@@ -24,7 +24,8 @@ from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2_grpc
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
-from . import netfault
+from . import diskfault, netfault
+from .diskfault import SmallFs
 from .netfault import Nft
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -254,3 +255,20 @@ def nft() -> Iterator[Nft]:
         yield table
     finally:
         table.close()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[SmallFs]:
+    """A 512 KiB tmpfs mounted for this test, unmounted afterwards, pass or fail.
+
+    Without root the test skips; under CI (`CI=true`) it fails instead."""
+    why = diskfault.missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"storage faults are required in CI: {why}")
+        pytest.skip(why)
+    fs = SmallFs(tmp_path / "fs").mount()
+    try:
+        yield fs
+    finally:
+        fs.close()
