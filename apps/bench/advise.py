@@ -36,13 +36,15 @@ def random_jobs(count: int, rng: random.Random) -> list[WorkloadProfile]:
         gpu = cycle * rng.uniform(0.1, 0.9)
         rollout = gpu * rng.uniform(0.4, 0.8)
         jobs.append(
-            WorkloadProfile(
-                name=f"job-{index:02d}",
-                rollout_seconds=round(rollout, 3),
-                cpu_seconds=round(cycle - gpu, 3),
-                train_seconds=round(gpu - rollout, 3),
-                state_bytes=rng.randrange(8, 41) * GIB,
-                max_slowdown=rng.choice([1.1, 1.2, 1.2, 1.5]),
+            WorkloadProfile.model_validate(
+                {
+                    "name": f"job-{index:02d}",
+                    "rollout_seconds": round(rollout, 3),
+                    "cpu_seconds": round(cycle - gpu, 3),
+                    "train_seconds": round(gpu - rollout, 3),
+                    "state_bytes": rng.randrange(8, 41) * GIB,
+                    "max_slowdown": rng.choice([1.1, 1.2, 1.2, 1.5]),
+                }
             )
         )
     return jobs
