@@ -261,13 +261,14 @@ def _run_job(
     barrier: threading.Barrier,
 ) -> None:
     from rlslice import Client
+    from rlslice import env as names
 
     env = _child_env(
         {
-            "RLSLICE_AGENT_SOCKET": str(cluster.socket_path),
-            "RLSLICE_SIM_ROOT": str(cluster.sim_root),
-            "RLSLICE_NODE": cluster.node,
-            "RLSLICE_JOB": run.job,
+            names.AGENT_SOCKET: str(cluster.socket_path),
+            names.SIM_ROOT: str(cluster.sim_root),
+            names.NODE: cluster.node,
+            names.JOB: run.job,
         }
     )
     worker = WorkerPipe(

@@ -38,7 +38,9 @@ class Worker:
         self._buffer: Any = None
 
     def init(self) -> dict[str, Any]:
-        socket_path = os.environ.get("RLSLICE_AGENT_SOCKET")
+        from rlslice import env
+
+        socket_path = os.environ.get(env.AGENT_SOCKET)
         if socket_path:
             from rlslice.client import register_with_agent
 
