@@ -37,16 +37,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlslice status: {error.code().name}: {error.details()}", file=sys.stderr)
         return 1
     if args.json:
-        from google.protobuf.json_format import MessageToDict
-
-        print(
-            json.dumps(
-                [MessageToDict(g, preserving_proto_field_name=True) for g in groups], indent=2
-            )
-        )
+        print(json.dumps([as_json(g) for g in groups], indent=2))
         return 0
     _table(groups)
     return 0
+
+
+def as_json(message: Any) -> dict[str, Any]:
+    """A message as JSON values, 64-bit integers as numbers (protobuf's JSON mapping writes
+    them as strings, `"switches": "20"`, which no reader of a status expects)."""
+    from google.protobuf.json_format import MessageToDict
+
+    return _numbers(MessageToDict(message, preserving_proto_field_name=True), message.DESCRIPTOR)
+
+
+def _numbers(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    wide = (F.CPPTYPE_INT64, F.CPPTYPE_UINT64)
+    for field in descriptor.fields:
+        if field.name not in value:
+            continue
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            item = entry.fields_by_name["value"]
+            if item.message_type is not None:
+                value[field.name] = {
+                    k: _numbers(v, item.message_type) for k, v in value[field.name].items()
+                }
+            elif item.cpp_type in wide:
+                value[field.name] = {k: int(v) for k, v in value[field.name].items()}
+        elif entry is not None:
+            if field.label == F.LABEL_REPEATED:
+                value[field.name] = [_numbers(v, entry) for v in value[field.name]]
+            else:
+                value[field.name] = _numbers(value[field.name], entry)
+        elif field.cpp_type in wide:
+            raw = value[field.name]
+            value[field.name] = [int(v) for v in raw] if isinstance(raw, list) else int(raw)
+    return value
 
 
 async def _fetch(args: argparse.Namespace) -> list[Any]:
@@ -102,13 +131,21 @@ def _rows(groups: list[Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _table(groups: list[Any]) -> None:
-    """A rich table where rich is installed (the console extra), else aligned plain text:
-    the base install a training job has must show status too."""
+def _table(groups: list[Any], console: Any = None) -> None:
+    """A rich table on a terminal where rich is installed (the console extra), else aligned
+    plain text: the base install a training job has must show status too, and a pipe gets
+    every name whole. A table too wide for the terminal becomes one block per group: no
+    name or value is cut."""
+    import sys
+
     try:
         from rich.console import Console
         from rich.table import Table
     except ModuleNotFoundError:
+        plain = True
+    else:
+        plain = console is None and not sys.stdout.isatty()
+    if plain:
         lines = [_COLUMNS, *_rows(groups)]
         widths = [max(len(line[i]) for line in lines) for i in range(len(_COLUMNS))]
         for line in lines:
@@ -118,9 +155,33 @@ def _table(groups: list[Any]) -> None:
                 ).rstrip()
             )
         return
+    console = console or Console()
+    rows = _rows(groups)
     table = Table(title="rlslice groups")
     for column in _COLUMNS:
-        table.add_column(column)
-    for row in _rows(groups):
+        table.add_column(column, no_wrap=True)
+    for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    if _natural_width(table) <= console.width:
+        console.print(table)
+        return
+    # Too wide for the terminal (rich would cut names with "…"): one block per group.
+    for row in rows:
+        block = Table(show_header=False)
+        block.add_column("field", no_wrap=True)
+        block.add_column("value", overflow="fold")
+        for column, cell in zip(_COLUMNS[1:], row[1:], strict=True):
+            block.add_row(column, cell)
+        console.print(f"group {row[0]}", markup=False, highlight=False, soft_wrap=True)
+        console.print(block)
+
+
+def _natural_width(table: Any) -> int:
+    """Columns `table` takes when nothing limits it."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=100_000, color_system=None).print(table)
+    return max((len(line.rstrip()) for line in out.getvalue().splitlines()), default=0)
