@@ -8,6 +8,7 @@ into the status code and one-line message. Token roles are checked earlier, by t
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ import grpc
 from rlslice._errors import RlsliceError, UnavailableError
 from rlslice._ids import validate_id
 from rlslice.adapters.auth import Role
-from rlslice.adapters.grpc_errors import abort_with
+from rlslice.adapters.grpc_errors import abort_with, answer
 from rlslice.adapters.server import method_roles
 from rlslice.scheduler import _proto, _validate
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
@@ -48,6 +49,7 @@ METHOD_ROLES: dict[str, Role] = method_roles(
     },
 )
 
+log = logging.getLogger(__name__)
 Context = grpc.aio.ServicerContext[Any, Any]
 R = TypeVar("R")
 
@@ -59,12 +61,11 @@ def _refusals(
 
     @functools.wraps(method)
     async def wrapper(self: SchedulerService, request: Any, context: Context) -> R:
-        try:
+        async def work() -> R:
             self._check_ready()
             return await method(self, request, context)
-        except RlsliceError as error:
-            await abort_with(context, error)
-            raise AssertionError("abort returned") from None  # pragma: no cover
+
+        return await answer(context, work, log=log)
 
     return wrapper
 

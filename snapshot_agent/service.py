@@ -8,9 +8,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rlslice._errors import InternalError, RlsliceError
 from rlslice.adapters.auth import Role
-from rlslice.adapters.grpc_errors import abort_with
+from rlslice.adapters.grpc_errors import answer
 from rlslice.adapters.server import method_roles
 from rlslice.snapshot_agent.engine import AgentEngine, MoveReply, SwitchHalf, SwitchReply
 from rlslice.snapshot_agent.state import JobState, Move
@@ -41,14 +40,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 
 async def _answer(context: Context, work: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await work()
-    except RlsliceError as error:
-        await abort_with(context, error)
-    except Exception as error:
-        log.exception("agent call failed")
-        await abort_with(context, InternalError(f"{type(error).__name__}: {error}"))
-    raise AssertionError("abort returns by raising")  # pragma: no cover
+    return await answer(context, work, log=log)
 
 
 def _timeout(context: Context) -> float:

@@ -1,6 +1,16 @@
-"""Translate between rlslice errors and gRPC status codes (an adapter at the edge)."""
+"""Translate between rlslice errors and gRPC status codes (an adapter at the edge).
+
+The one error translator of both servers: `answer(context, work)` runs a handler's work and
+turns an rlslice error into its status code and one-line message, and anything else into
+INTERNAL (logged with its traceback, answered with one line); clients turn a failed call
+back into the rlslice error with `error_from_rpc`.
+"""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -36,6 +46,28 @@ def error_from_rpc(error: grpc.RpcError) -> e.RlsliceError:
     details = error.details() if hasattr(error, "details") else str(error)
     cls = _FROM_CODE.get(code, e.RlsliceError)
     return cls(details or code.name)
+
+
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
+
+
+async def answer(
+    context: grpc.aio.ServicerContext[object, object],
+    work: Callable[[], Awaitable[T]],
+    *,
+    log: logging.Logger = _log,
+) -> T:
+    """`await work()`; an rlslice error aborts the call with its status and one-line
+    message, any other exception with INTERNAL (its traceback goes to `log`)."""
+    try:
+        return await work()
+    except e.RlsliceError as error:
+        await abort_with(context, error)
+    except Exception as error:
+        log.exception("call failed")
+        await abort_with(context, e.InternalError(f"{type(error).__name__}: {error}"))
+    raise AssertionError("abort returns by raising")  # pragma: no cover
 
 
 async def abort_with(
