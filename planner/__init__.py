@@ -1,11 +1,12 @@
 """rlslice.planner: the course module's memory and pipeline arithmetic, the interleaving
-simulator and capacity checks. Pure: no grpc, kopf, kubernetes or torch; numpy and
-matplotlib are imported only by the functions that need them.
+simulator, capacity checks, phase profiles and the placement advisor. Pure: no grpc, kopf,
+kubernetes or torch; numpy and matplotlib are imported only by the functions that need them.
 
 The names below are the notebook's API (seed 001) plus rlslice's own additions; a test
 pins them.
 """
 
+from rlslice.planner.advisor import Advice, GroupScore, Hardware, advise, predict_group
 from rlslice.planner.capacity import (
     CapacityPlan,
     GroupPlan,
@@ -57,6 +58,14 @@ from rlslice.planner.pipeline_sim import (
     result_row,
     simulate_pipeline,
 )
+from rlslice.planner.profile import (
+    Percentiles,
+    ProfiledPhase,
+    SwitchMeasurements,
+    WorkloadProfile,
+    load_profiles,
+    profiles_from_events,
+)
 from rlslice.planner.recovery import (
     CheckpointManifest,
     RecoveryDrill,
@@ -75,12 +84,15 @@ from rlslice.planner.timeline import SwitchMarker, TimelineInterval, plot_timeli
 __all__ = [
     "BYTES_PER_GIB",
     "REQUIRED_FIELDS",
+    "Advice",
     "BatchStats",
     "CapacityPlan",
     "CheckpointCadence",
     "CheckpointManifest",
     "GroupPlan",
+    "GroupScore",
     "GroupSpec",
+    "Hardware",
     "InterleaveResult",
     "JobOutcome",
     "JobProfile",
@@ -88,17 +100,22 @@ __all__ = [
     "ModelState",
     "NodeSpec",
     "PeakMemory",
+    "Percentiles",
     "Phase",
     "PipelineConfig",
     "PipelineReport",
     "PipelineResult",
+    "ProfiledPhase",
     "RecoveryDrill",
     "Scenario",
     "StragglerReport",
     "SwitchMarker",
+    "SwitchMeasurements",
     "SyncSchedule",
     "TimelineInterval",
     "Verdict",
+    "WorkloadProfile",
+    "advise",
     "article_scenario",
     "checkpoint_as_dict",
     "checkpoint_cadence",
@@ -109,6 +126,7 @@ __all__ = [
     "human_bytes",
     "ideal_sharded_memory",
     "kv_cache_bytes",
+    "load_profiles",
     "make_checkpoint",
     "model_state_bytes",
     "optimal_checkpoint_interval",
@@ -117,6 +135,8 @@ __all__ = [
     "plan_capacity",
     "plan_from_mapping",
     "plot_timeline",
+    "predict_group",
+    "profiles_from_events",
     "queue_growth_per_minute",
     "recovery_drill",
     "result_row",

@@ -65,6 +65,18 @@ EXPECTED = NOTEBOOK_NAMES | {
     "queue_growth_per_minute",
     "scenario_from_mapping",
     "simulate_interleaving",
+    # phase profiles and the placement advisor
+    "Advice",
+    "GroupScore",
+    "Hardware",
+    "Percentiles",
+    "ProfiledPhase",
+    "SwitchMeasurements",
+    "WorkloadProfile",
+    "advise",
+    "load_profiles",
+    "predict_group",
+    "profiles_from_events",
 }
 
 
