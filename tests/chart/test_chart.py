@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import re
 from pathlib import Path
@@ -48,7 +47,7 @@ from .conftest import (
 )
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
-CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "Certificate", "Issuer"}
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer"}
 K8S_VERSION = kubernetes_validate.latest_version()
 
 
@@ -73,7 +72,13 @@ def test_every_rendered_object_is_valid_kubernetes(
             continue
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     if which == "full_objects":
-        assert sorted(custom) == ["Certificate", "Issuer", "PodMonitor", "ServiceMonitor"]
+        assert sorted(custom) == [
+            "Certificate",
+            "Issuer",
+            "PodMonitor",
+            "PrometheusRule",
+            "ServiceMonitor",
+        ]
     else:
         assert custom == []
 
@@ -86,13 +91,16 @@ def test_the_defaults_render_every_component(default_objects: list[dict[str, Any
         ("Deployment", "scheduler"),
         ("Service", "scheduler"),
         ("Deployment", "operator"),
+        ("Deployment", "webhook"),
+        ("PodDisruptionBudget", "webhook"),
         ("Service", "webhook"),
         ("MutatingWebhookConfiguration", "webhook"),
-        ("Secret", "webhook"),
         ("DaemonSet", "agent"),
-        ("Secret", "tokens"),
         ("Role", "scheduler"),
+        ("Role", "operator"),
     } <= kinds
+    # GitOps: no secret values are rendered (the operator makes them at run time).
+    assert not [o for o in default_objects if o["kind"] == "Secret"]
 
 
 @pytest.mark.parametrize("which", ["default_objects", "full_objects"])
@@ -103,7 +111,9 @@ def test_namespaced_objects_live_in_the_release_namespace(
         namespace = obj["metadata"].get("namespace")
         if obj["kind"] in CLUSTER_SCOPED:
             assert namespace is None, obj["metadata"]["name"]
-        elif obj["kind"] == "Secret" and obj["metadata"]["name"] == "rlslice-job-token":
+        elif obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"].endswith(
+            "-job-token"
+        ):
             assert namespace in {"rl", "rl-eval"}  # the job namespaces asked for
         else:
             assert namespace == NAMESPACE, (obj["kind"], obj["metadata"]["name"])
@@ -252,7 +262,12 @@ def test_the_kubernetes_store_gets_configmaps_in_its_namespace_only(
     assert env_of(scheduler)["RLSLICE_STORE"] == "kubernetes"
     assert scheduler["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     # The SQLite store needs no API access: no Role, no token, no election.
-    assert not [o for o in full_objects if o["kind"] == "Role"]
+    assert not [
+        o
+        for o in full_objects
+        if o["kind"] == "Role"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler"
+    ]
     sqlite = find(full_objects, "Deployment", "scheduler")
     assert sqlite["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert "RLSLICE_LEADER_ELECT" not in env_of(sqlite)
@@ -273,10 +288,11 @@ def test_each_component_has_its_own_service_account(default_objects: list[dict[s
         for o in default_objects
         if o["kind"] == "ServiceAccount"
     }
-    assert set(accounts) == {"scheduler", "operator", "agent"}
+    assert set(accounts) == {"scheduler", "operator", "webhook", "agent"}
     for kind, component in [
         ("Deployment", "scheduler"),
         ("Deployment", "operator"),
+        ("Deployment", "webhook"),
         ("DaemonSet", "agent"),
     ]:
         pod = find(default_objects, kind, component)["spec"]["template"]["spec"]
@@ -312,13 +328,15 @@ def test_the_agent_runs_privileged_only_when_a_value_says_so(
     assert pod["runtimeClassName"] == "nvidia"
 
 
-def test_the_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
+def test_the_webhook_is_opt_in_fails_closed_and_skips_system_namespaces(
     default_objects: list[dict[str, Any]],
 ) -> None:
     from rlslice.operator.handlers import WEBHOOK_ID
 
-    (hook,) = find(default_objects, "MutatingWebhookConfiguration")["webhooks"]
-    assert hook["failurePolicy"] == "Ignore"
+    configuration = find(default_objects, "MutatingWebhookConfiguration")
+    (hook,) = configuration["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["timeoutSeconds"] <= 10
     assert hook["objectSelector"]["matchExpressions"] == [
         {"key": "rlslice.dev/group", "operator": "Exists"}
@@ -327,9 +345,56 @@ def test_the_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
     assert expression["operator"] == "NotIn"
     assert {"kube-system", "kube-public", "kube-node-lease", NAMESPACE} <= set(expression["values"])
     assert hook["clientConfig"]["service"]["path"] == f"/{WEBHOOK_ID}"
-    secret = find(default_objects, "Secret", "webhook")
-    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
-    assert base64.b64decode(secret["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
+    # No CA at render time: the controller makes the certificate and writes its CA.
+    assert "caBundle" not in hook["clientConfig"]
+    controller = env_of(find(default_objects, "Deployment", "operator"))
+    assert controller["RLSLICE_OPERATOR_WEBHOOK_CONFIGURATION"] == configuration["metadata"]["name"]
+    service = find(default_objects, "Service", "webhook")["metadata"]["name"]
+    assert controller["RLSLICE_OPERATOR_WEBHOOK_NAMES"].split(",") == [
+        service,
+        f"{service}.{NAMESPACE}",
+        f"{service}.{NAMESPACE}.svc",
+    ]
+    webhook = find(default_objects, "Deployment", "webhook")
+    volumes = {v["name"]: v for v in webhook["spec"]["template"]["spec"]["volumes"]}
+    assert (
+        volumes["webhook-tls"]["secret"]["secretName"]
+        == (controller["RLSLICE_OPERATOR_WEBHOOK_TLS_SECRET"])
+    )
+    rules = find(default_objects, "ClusterRole", "operator")["rules"]
+    assert {
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["mutatingwebhookconfigurations"],
+        "resourceNames": [configuration["metadata"]["name"]],
+        "verbs": ["get", "patch"],
+    } in rules
+
+
+def test_the_webhook_runs_highly_available_and_is_ready_on_its_port(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    webhook = find(default_objects, "Deployment", "webhook")
+    assert webhook["spec"]["replicas"] == 2
+    assert env_of(webhook)["RLSLICE_OPERATOR_ROLE"] == "webhook"
+    container = webhook["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    pod = webhook["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    budget = find(default_objects, "PodDisruptionBudget", "webhook")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"] == webhook["spec"]["selector"]
+    service = find(default_objects, "Service", "webhook")
+    assert service["spec"]["selector"] == webhook["spec"]["selector"]["matchLabels"]
+    # The webhook writes nothing: read-only RBAC.
+    rules = find(default_objects, "ClusterRole", "webhook")["rules"]
+    assert {verb for rule in rules for verb in rule["verbs"]} <= {"get", "list", "watch"}
+    # The controller: readiness on kopf's health endpoint, no webhook port.
+    operator = find(default_objects, "Deployment", "operator")
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert env_of(operator)["RLSLICE_OPERATOR_ROLE"] == "controller"
+    assert {p["name"] for p in container["ports"]} == {"health"}
 
 
 def test_cert_manager_replaces_the_generated_certificate(
@@ -344,12 +409,8 @@ def test_cert_manager_replaces_the_generated_certificate(
     assert (
         f"{certificate['spec']['dnsNames'][0]}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
     )
-    assert not [
-        o
-        for o in full_objects
-        if o["kind"] == "Secret"
-        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
-    ]
+    controller = env_of(find(full_objects, "Deployment", "operator"))
+    assert "RLSLICE_OPERATOR_WEBHOOK_TLS_SECRET" not in controller
 
 
 def test_the_operator_runs_alone_and_the_scheduler_is_probed_over_grpc(
@@ -398,25 +459,44 @@ def test_tls_mounts_the_secret_and_switches_probes_to_tcp(
             "RLSLICE_AGENT_TLS_CA",
         }
     assert (
-        env_of(find(full_objects, "Deployment", "operator"))["RLSLICE_OPERATOR_TLS_CA_SECRET"]
+        env_of(find(full_objects, "Deployment", "webhook"))["RLSLICE_OPERATOR_TLS_CA_SECRET"]
         == "rlslice-ca"
     )
 
 
-def test_tokens_come_from_one_secret_and_reach_the_job_namespaces(
+def test_tokens_come_from_one_secret_the_operator_makes_and_copies_to_job_namespaces(
     full_objects: list[dict[str, Any]],
 ) -> None:
-    tokens = find(full_objects, "Secret", "tokens")
-    assert set(tokens["data"]) == {"job-token", "admin-token", "agent-token"}
-    assert tokens["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    copies = [
-        o
+    operator = find(full_objects, "Deployment", "operator")
+    env = env_of(operator)
+    secret = env["RLSLICE_OPERATOR_TOKENS_SECRET"]
+    assert env["RLSLICE_OPERATOR_JOB_NAMESPACES"] == "rl,rl-eval"
+    assert "RLSLICE_ADMIN_TOKEN" not in env  # read from the Secret it makes
+    for kind, component, variable in [
+        ("Deployment", "scheduler", "RLSLICE_JOB_TOKEN"),
+        ("DaemonSet", "agent", "RLSLICE_AGENT_TOKEN"),
+    ]:
+        reference = env_of(find(full_objects, kind, component))[variable]
+        assert reference["secretKeyRef"]["name"] == secret
+    roles = {
+        o["metadata"]["namespace"]: o
         for o in full_objects
-        if o["kind"] == "Secret" and o["metadata"]["name"] == "rlslice-job-token"
-    ]
-    assert {o["metadata"]["namespace"] for o in copies} == {"rl", "rl-eval"}
-    assert {o["data"]["token"] for o in copies} == {tokens["data"]["job-token"]}
-    assert len(set(tokens["data"].values())) == 3
+        if o["kind"] == "Role" and o["metadata"]["name"].endswith("-job-token")
+    }
+    assert set(roles) == {"rl", "rl-eval"}
+    assert roles["rl"]["rules"][1]["resourceNames"] == [env["RLSLICE_OPERATOR_JOB_TOKEN_SECRET"]]
+    release_role = find(full_objects, "Role", "operator")
+    assert release_role["rules"][1]["resourceNames"] == [secret]  # cert-manager: no TLS one
+
+
+def test_an_existing_tokens_secret_is_read_and_nothing_is_made(helm: Path) -> None:
+    objects = render(helm, sets=["tokens.existingSecret=mine"])
+    env = env_of(find(objects, "Deployment", "operator"))
+    assert "RLSLICE_OPERATOR_TOKENS_SECRET" not in env
+    assert env["RLSLICE_ADMIN_TOKEN"]["secretKeyRef"]["name"] == "mine"
+    assert env_of(find(objects, "Deployment", "scheduler"))["RLSLICE_JOB_TOKEN"][
+        "secretKeyRef"
+    ] == {"name": "mine", "key": "job-token"}
 
 
 def _literal_env(workload: dict[str, Any]) -> dict[str, str]:
@@ -443,15 +523,17 @@ def test_the_operator_reads_every_variable_the_chart_sets(
 ) -> None:
     from rlslice.apps import operator as _cmd
 
-    workload = find(request.getfixturevalue(which), "Deployment", "operator")
-    env = _literal_env(workload)
-    args = _parse(_cmd.configure, env, monkeypatch)
-    for name, value in env.items():
-        dest = name.removeprefix("RLSLICE_OPERATOR_").lower()
-        assert getattr(args, dest) == value, name
-    monkeypatch.setenv("RLSLICE_ADMIN_TOKEN", "admin")
-    assert "RLSLICE_ADMIN_TOKEN" in env_of(workload)
-    assert _cmd._read_token(None, "RLSLICE_ADMIN_TOKEN") == "admin"
+    for component in ("operator", "webhook"):
+        workload = find(request.getfixturevalue(which), "Deployment", component)
+        env = _literal_env(workload)
+        assert env.pop("RLSLICE_NAMESPACE", None) is None  # from the downward API
+        args = _parse(_cmd.configure, env, monkeypatch)
+        for name, value in env.items():
+            dest = name.removeprefix("RLSLICE_OPERATOR_").lower()
+            assert getattr(args, dest) == value, name
+    assert env_of(find(request.getfixturevalue(which), "Deployment", "operator"))[
+        "RLSLICE_NAMESPACE"
+    ] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 # Server certificates: component-prefixed names (the flags keep their short names).
@@ -472,7 +554,8 @@ def test_the_agent_reads_every_variable_the_chart_sets(
     env = _literal_env(workload)
     env.pop("NVIDIA_VISIBLE_DEVICES")  # read by the NVIDIA container runtime
     env.pop("NVIDIA_DRIVER_CAPABILITIES")
-    env["RLSLICE_AGENT_TOKEN"] = "agent-secret"  # from the tokens Secret
+    assert "RLSLICE_AGENT_TOKEN" in env_of(workload)  # from the tokens Secret, not a flag
+    monkeypatch.setenv("RLSLICE_AGENT_TOKEN", "agent-secret")
     args = _parse(_cmd.configure, env, monkeypatch)
     for name, value in env.items():
         dest = AGENT_RENAMED.get(name, name.removeprefix("RLSLICE_AGENT_").lower())
@@ -492,6 +575,7 @@ def test_the_scheduler_reads_every_variable_the_chart_sets(
 
     workload = find(request.getfixturevalue(which), "Deployment", "scheduler")
     env = _literal_env(workload)
+    env.pop("EXTRA_SETTING", None)  # scheduler.extraEnv: the user's, not the command's
     if "RLSLICE_LEADER_ELECT" in env_of(workload):
         env["POD_NAME"] = "rls-scheduler-abc"  # from the downward API
     args = _parse(_cmd.configure, env, monkeypatch)
@@ -541,7 +625,7 @@ def test_the_agent_and_the_webhook_agree_on_the_sim_root(
     agent = find(default_objects, "DaemonSet", "agent")
     root = env_of(agent)["RLSLICE_AGENT_SIM_ROOT"]
     assert (
-        env_of(find(default_objects, "Deployment", "operator"))["RLSLICE_OPERATOR_SIM_ROOT"] == root
+        env_of(find(default_objects, "Deployment", "webhook"))["RLSLICE_OPERATOR_SIM_ROOT"] == root
     )
     socket_dir = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}["socket"]
     # Inside the hostPath that labelled pods mount at the same path.
