@@ -59,7 +59,9 @@ class JobEntry:
     def to_json(self) -> dict[str, Any]:
         return {
             "record": to_dict(self.record),
-            "processes": [[p.pid, p.start] for p in sorted(self.processes, key=lambda p: p.pid)],
+            "processes": [
+                [p.pid, p.start, p.cgroup] for p in sorted(self.processes, key=lambda p: p.pid)
+            ],
             "backend": self.backend,
             "modes": list(self.modes),
             "tags": list(self.tags),
@@ -74,7 +76,10 @@ class JobEntry:
         server = data.get("local_server")
         return cls(
             record=from_dict(data["record"]),
-            processes={ProcessRef(int(pid), float(start)) for pid, start in data["processes"]},
+            processes={
+                ProcessRef(int(item[0]), float(item[1]), str(item[2]) if len(item) > 2 else "")
+                for item in data["processes"]
+            },
             backend=str(data.get("backend", "")),
             modes=tuple(data.get("modes", ())),
             tags=tuple(data.get("tags", ())),

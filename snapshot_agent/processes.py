@@ -1,9 +1,12 @@
 """Processes the agent verified: identity that survives pid reuse, children, exit watching.
 
-A process is known by (pid, start time): a pid that was reused by another process no longer
-matches, so the agent never acts on a stranger. A job's processes are its registered ones
-plus their descendants, found afresh on every move (a trainer's data-loader workers, say).
-Exits are noticed through a pidfd (no polling).
+A process is known by (pid, start time, cgroup): a pid that was reused by another process
+no longer matches, so the agent never acts on a stranger. A job's processes are its
+registered ones plus their descendants, found afresh on every move (a trainer's data-loader
+workers, say). Exits are noticed through a pidfd (no polling), and an exited process leaves
+its job at once, so even a stranger started in the same clock tick under the same pid is
+never taken for it while the agent runs; across an agent restart, start time and cgroup
+tell them apart (`tests/faults/test_pid_reuse.py` recycles a pid for real).
 """
 
 from __future__ import annotations
@@ -24,6 +27,19 @@ class ProcessRef:
     pid: int
     start: float
     """Its start time (psutil `create_time`), which tells it from a later process with its pid."""
+    cgroup: str = ""
+    """Its cgroup (`/proc/<pid>/cgroup`, one line per hierarchy); "" where unreadable. A
+    process never changes cgroup by being reused, so a stranger in another cgroup (another
+    container, pod or job) never matches, whatever its start time."""
+
+
+def cgroup_of(pid: int) -> str:
+    """The content of `/proc/<pid>/cgroup`, stripped ("" when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def identify(pid: int) -> ProcessRef | None:
@@ -32,14 +48,18 @@ def identify(pid: int) -> ProcessRef | None:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
             return None
-        return ProcessRef(pid, process.create_time())
+        return ProcessRef(pid, process.create_time(), cgroup_of(pid))
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
 
 def alive(ref: ProcessRef) -> bool:
-    """True while the very process `ref` names still runs."""
-    return identify(ref.pid) == ref
+    """True while the very process `ref` names still runs (same pid, start time, cgroup; a
+    ref saved before cgroups were recorded matches on pid and start time)."""
+    now = identify(ref.pid)
+    if now is None or now.start != ref.start:
+        return False
+    return not ref.cgroup or now.cgroup == ref.cgroup
 
 
 def family(refs: Iterable[ProcessRef]) -> tuple[int, ...]:
