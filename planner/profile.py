@@ -39,6 +39,8 @@ from rlslice.planner.interleave import JobProfile, Phase
 
 #: Holds and gaps shorter than this are rounded up to it (the simulator needs positive phases).
 MIN_PHASE_SECONDS = 1e-3
+#: Measured seconds are kept to this many decimals (0.1 ms).
+DIGITS = 4
 #: Jitter estimated from percentiles is capped here.
 MAX_JITTER = 0.5
 
@@ -96,12 +98,12 @@ class Percentiles(BaseModel):
         ordered = sorted(values)
         return cls(
             count=len(ordered),
-            mean=sum(ordered) / len(ordered),
-            p10=_quantile(ordered, 0.10),
-            p50=_quantile(ordered, 0.50),
-            p90=_quantile(ordered, 0.90),
-            p99=_quantile(ordered, 0.99),
-            max=ordered[-1],
+            mean=round(sum(ordered) / len(ordered), DIGITS),
+            p10=round(_quantile(ordered, 0.10), DIGITS),
+            p50=round(_quantile(ordered, 0.50), DIGITS),
+            p90=round(_quantile(ordered, 0.90), DIGITS),
+            p99=round(_quantile(ordered, 0.99), DIGITS),
+            max=round(ordered[-1], DIGITS),
         )
 
     @property
@@ -110,7 +112,8 @@ class Percentiles(BaseModel):
         (`U(1 - j, 1 + j)` has p90 - p10 = 1.6 j), capped at `MAX_JITTER`."""
         if self.p50 <= 0:
             return 0.0
-        return min(MAX_JITTER, max(0.0, (self.p90 - self.p10) / (1.6 * self.p50)))
+        spread = (self.p90 - self.p10) / (1.6 * self.p50)
+        return round(min(MAX_JITTER, max(0.0, spread)), DIGITS)
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:
@@ -435,7 +438,7 @@ def _job_profile(
         state_bytes=state_bytes if state_bytes is not None else round(_median(shares)),
         max_slowdown=max_slowdown,
         source=source,
-        window_seconds=trace.end - trace.start,
+        window_seconds=round(trace.end - trace.start, DIGITS),
         cycles=len(cycle_times),
         cycle_seconds_measured=_maybe(cycle_times),
         switching=measured,
@@ -471,7 +474,7 @@ def _median(values: Sequence[float]) -> float:
 def _rate(moved: Sequence[tuple[int, int]], seconds: Sequence[float] | None) -> float | None:
     total_s = sum(seconds or ())
     total_b = sum(b for b, _ in moved)
-    return total_b / total_s if total_s > 0 and total_b > 0 else None
+    return round(total_b / total_s) if total_s > 0 and total_b > 0 else None
 
 
 def profiles_from_events(
