@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlslice.apps.harness import (
+    Service,
+    child_env,
+    free_port,
+    rlslice_argv,
+    start_service,
+    wait_serving,
+)
 from rlslice.apps.worker_pipe import WorkerPipe
 
 MiB = 1 << 20
@@ -133,52 +138,27 @@ class ModeRun:
         return sum(j.moved_bytes for j in self.jobs)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONSAFEPATH"] = "1"
-    env.update(extra)
-    return env
-
-
 @dataclass
 class _Cluster:
-    """The `rlslice up` subprocess and where its node lives."""
+    """The `rlslice up` service and where its node lives."""
 
-    process: subprocess.Popen[bytes]
+    service: Service
     scheduler: str
     socket_path: Path
     sim_root: Path
     node: str
-    log: Path
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self.service.stop()
 
 
 def _start_cluster(work: Path, *, devices: int, capacity: int, rate_gbps: float) -> _Cluster:
     work.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     node = "demo-node"
     sim_root = work / "sim"
     socket_path = work / "agent.sock"
-    log = work / "up.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "rlslice.apps",
-        "--log-level",
-        "WARNING",
+    argv = rlslice_argv(
         "up",
         "--address",
         f"127.0.0.1:{port}",
@@ -194,47 +174,23 @@ def _start_cluster(work: Path, *, devices: int, capacity: int, rate_gbps: float)
         str(sim_root),
         "--sim-devices",
         str(devices),
-        "--sim-capacity-bytes",
+        "--sim-capacity",
         str(capacity),
         "--sim-rate-gbps",
         str(rate_gbps),
-        "--host-reserve-bytes",
+        "--host-reserve",
         str(256 * MiB),
-    ]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=_child_env({}))
-    cluster = _Cluster(process, f"127.0.0.1:{port}", socket_path, sim_root, node, log)
-    _wait_ready(cluster)
+    )
+    service = start_service(argv, work / "up.log")
+    cluster = _Cluster(service, f"127.0.0.1:{port}", socket_path, sim_root, node)
+    devices_file = sim_root / node / "devices.json"
+    # Ready: the scheduler serves, and the agent's socket and emulated devices exist.
+    wait_serving(
+        cluster.scheduler,
+        service,
+        ready=lambda: socket_path.exists() and devices_file.exists(),
+    )
     return cluster
-
-
-def _wait_ready(cluster: _Cluster, timeout: float = 30.0) -> None:
-    """Wait until the scheduler answers health SERVING and the agent's socket and devices exist."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    deadline = time.monotonic() + timeout
-    devices = cluster.sim_root / cluster.node / "devices.json"
-    with grpc.insecure_channel(cluster.scheduler) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if cluster.process.poll() is not None:
-                raise RuntimeError(
-                    f"rlslice up exited with {cluster.process.returncode}:\n"
-                    + cluster.log.read_text()[-2000:]
-                )
-            try:
-                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if (
-                    answer.status == health_pb2.HealthCheckResponse.SERVING
-                    and cluster.socket_path.exists()
-                    and devices.exists()
-                ):
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise TimeoutError("rlslice up did not become ready within 30 s")
 
 
 def _score_rewards(seconds: float, sample: float) -> float:
@@ -263,7 +219,7 @@ def _run_job(
     from rlslice import Client
     from rlslice import env as names
 
-    env = _child_env(
+    env = child_env(
         {
             names.AGENT_SOCKET: str(cluster.socket_path),
             names.SIM_ROOT: str(cluster.sim_root),

@@ -17,15 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+from rlslice.apps.harness import child_env, rlslice_argv
 
 ACQUIRE_TARGET = 2.0
 HANDOFF_TARGET = 5.0
@@ -81,11 +81,9 @@ async def _scheduler(in_process: bool) -> AsyncIterator[str]:
         finally:
             await running.stop(0)
         return
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    command = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "scheduler"]
-    command += ["--address", "127.0.0.1:0", "--auto-create-groups"]
+    command = rlslice_argv("scheduler", "--address", "127.0.0.1:0", "--auto-create-groups")
     process = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, env=env
+        *command, stdout=asyncio.subprocess.PIPE, env=child_env()
     )
     try:
         assert process.stdout is not None
@@ -226,8 +224,8 @@ async def _handoffs_through_agents(
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
     work = Path(tempfile.mkdtemp(prefix="rlslice-bench-"))
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    cli = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]
+    env = child_env()
+    cli = rlslice_argv()
     processes: list[asyncio.subprocess.Process] = []
     try:
         for i in range(agents):
