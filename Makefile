@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONSAFEPATH := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv test lint typecheck pytest demo proto bench clean tools
+.PHONY: venv test lint typecheck pytest demo proto bench clean tools image
 
 venv: $(STAMP)
 
@@ -46,6 +46,11 @@ proto: venv
 
 bench: venv
 	$(BIN)/rlslice bench handoff
+
+# The container image (Containerfile) with podman or docker: IMAGE=name:tag, BASE=image,
+# EXTRAS=a,b (docs/image.md). Wheels are built here first, so the build needs no network.
+image: venv
+	IMAGE="$(IMAGE)" BASE="$(BASE)" EXTRAS="$(EXTRAS)" PYTHON=$(BIN)/python tools/image/build.sh
 
 clean:
 	rm -rf $(VENV) .typecheck .tools build *.egg-info

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `make image`: build the rlslice image with podman or docker (whichever is present).
+#
+#   IMAGE   name:tag to build (default rlslice:<package version>)
+#   BASE    base image; default the official Python slim image when it can be pulled, else
+#           a local Debian bookworm base made by tools/image/base.sh (mmdebstrap)
+#   EXTRAS  extras to install (default scheduler,agent,cuda,operator,tracing)
+#   ONLINE  1: let the build fetch wheels from the package index instead of using the
+#           wheels built here (tools/image/wheels.sh; needs this machine's Python to be 3.11)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
+engine="$("$here/engine.sh")"
+version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$root/rlslice/_version.py")"
+image="${IMAGE:-rlslice:$version}"
+extras="${EXTRAS:-scheduler,agent,cuda,operator,tracing}"
+slim=docker.io/library/python:3.11-slim-bookworm
+revision="$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
+if ! git -C "$root" diff --quiet HEAD 2>/dev/null; then revision="$revision-dirty"; fi
+source_url="${SOURCE:-$(git -C "$root" remote get-url origin 2>/dev/null || echo https://rlslice.dev)}"
+
+base="${BASE:-}"
+if [ -z "$base" ]; then
+  if "$engine" image inspect "$slim" >/dev/null 2>&1 || "$engine" pull -q "$slim" >/dev/null 2>&1; then
+    base="$slim"
+  else
+    echo "build.sh: cannot pull $slim; using a local Debian bookworm base (mmdebstrap)" >&2
+    base="$("$here/base.sh")"
+  fi
+fi
+
+wheel_args=()
+if [ "${ONLINE:-0}" != 1 ]; then
+  "$here/wheels.sh" "$extras" >/dev/null
+  wheel_args=(--build-arg "PIP_WHEEL_ARGS=--no-index")
+else
+  mkdir -p "$root/.whl"
+fi
+
+"$engine" build -f "$root/Containerfile" -t "$image" \
+  --build-arg "BASE=$base" --build-arg "EXTRAS=$extras" \
+  --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
+  --build-arg "SOURCE=$source_url" "${wheel_args[@]}" "$root" >&2
+echo "$image"
