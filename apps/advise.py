@@ -277,9 +277,10 @@ def print_advice(advice: Advice, names: list[str], hardware: Hardware, *, top: i
             f"{score.switches_per_hour:.0f}",
         )
     console.print(chosen)
-    others = [c for c in advice.candidates if c not in advice.groups][:top]
+    rest = [c for c in advice.candidates if c not in advice.groups]
+    others = [c for c in rest if c.allowed][:top] + [c for c in rest if not c.allowed][:top]
     if others:
-        table = Table(title="Other candidate groups, ranked")
+        table = Table(title="Other candidate groups, ranked (allowed, then refused)")
         for column in ("pairing", "busy", "slowdowns", "switches/h", "verdict"):
             table.add_column(
                 column, justify="left" if column in ("pairing", "verdict") else "right"

@@ -109,7 +109,8 @@ class Advice:
     dedicated_busy_fraction: float
     """The same with every job alone on its GPUs."""
     candidates: tuple[GroupScore, ...]
-    """Every multi-job group scored, allowed first, then by busy fraction."""
+    """Every multi-job group scored: allowed first, then refused after a simulation, then
+    refused by a bound alone; each by busy fraction."""
     method: Literal["exhaustive", "heuristic"]
     evaluations: int
     """Groups simulated."""
@@ -209,7 +210,7 @@ class _Scorer:
         predicted = predict_group(profiles, self.hardware, horizon_s=horizon, seed=self.seed)
         slowdowns = tuple(j.slowdown for j in predicted.jobs)
         problems = tuple(
-            f"{n}: slowdown {s:.2f}x exceeds its bound {self.bound(n):.2f}x"
+            f"{n}: slowdown {s:.3f}x exceeds its bound {self.bound(n):.2f}x"
             for n, s in zip(names, slowdowns, strict=True)
             if s > self.bound(n)
         )
@@ -397,7 +398,7 @@ def advise(
         )
     candidates = sorted(
         (s for s in scorer.cache.values() if len(s.jobs) > 1),
-        key=lambda s: (not s.allowed, -s.busy_fraction, s.jobs),
+        key=lambda s: (not s.allowed, not s.simulated, -s.busy_fraction, s.jobs),
     )
     alone = [p.gpu_fraction for p in profiles if p.name in placeable]
     return Advice(
