@@ -11,7 +11,8 @@ health SERVING afterwards.
 
 Wrong roles, for every method of both services, against servers with tokens: no token is
 UNAUTHENTICATED, a valid token of another role is PERMISSION_DENIED (the admin token
-passes everywhere), and nothing changes. The bounded CI run draws 20 requests a method,
+passes everywhere), and nothing changes. A request over the 4 MiB limit to any method is
+RESOURCE_EXHAUSTED and changes nothing. The bounded CI run draws 20 requests a method,
 derandomized under CI (the same draws every run); locally each run explores anew.
 """
 
@@ -201,3 +202,44 @@ def test_an_agent_call_without_the_agent_token_is_refused_and_changes_nothing(
             )
     finally:
         live.loop.run(running.stop(0))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+#: A request body over the 4 MiB message limit: one unknown length-delimited field (number
+#: 2**29 - 1), so it means the same to every request type.
+OVERSIZED = _varint(((2**29 - 1) << 3) | 2) + _varint(5 << 20) + b"a" * (5 << 20)
+
+
+@pytest.mark.parametrize(
+    ("service", "name"),
+    [(SCHEDULER, m.name) for m in SCHEDULER.methods] + [(AGENT, m.name) for m in AGENT.methods],
+    ids=lambda v: v if isinstance(v, str) else v.name,
+)
+def test_an_oversized_request_to_any_rpc_is_resource_exhausted(
+    live_scheduler: LiveScheduler, live_agent: LiveAgent, service: ServiceDescriptor, name: str
+) -> None:
+    method = service.methods_by_name[name]
+    channel = live_scheduler.channel if service is SCHEDULER else live_agent.channel
+    path = f"/{service.full_name}/{name}"
+    reply = GetMessageClass(method.output_type).FromString
+    before = (live_scheduler.states(), live_agent.records())
+    make = channel.unary_stream if method.server_streaming else channel.unary_unary
+    stub = make(path, request_serializer=lambda raw: raw, response_deserializer=reply)
+
+    def send() -> None:
+        answer = stub(OVERSIZED, timeout=10)
+        if method.server_streaming:
+            next(iter(answer))
+
+    with pytest.raises(grpc.RpcError) as refused:
+        send()
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+    assert (live_scheduler.states(), live_agent.records()) == before
