@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from rlslice.planner.profile import WorkloadProfile
 
 DEFAULT_RATE_GBPS = 25.0
+#: The TimeSliceGroup field of the device headroom (a quantity or bytes; the CRD in
+#: charts/rlslice names it so).
+HEADROOM_FIELD = "headroom"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -214,7 +217,7 @@ def time_slice_groups_yaml(specs: list[Any]) -> str:
     for spec in specs:
         body: dict[str, Any] = {"backend": spec.backend, "policy": spec.policy.value}
         if spec.headroom_bytes:
-            body["headroomBytes"] = spec.headroom_bytes
+            body[HEADROOM_FIELD] = spec.headroom_bytes
         if spec.node_selector:
             body["nodeSelector"] = dict(spec.node_selector)
         jobs = []

@@ -31,7 +31,9 @@ from rlslice.config import load_group_config
 from rlslice.operator.spec import group_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = yaml.safe_load((ROOT / "charts/rlslice/crds/timeslicegroups.rlslice.dev.yaml").read_text())
+# Wherever the chart keeps it (crds/ or files/crds/): the CRD in the tree is the contract.
+(CRD_PATH,) = ROOT.glob("charts/rlslice/**/timeslicegroups.rlslice.dev.yaml")
+CRD = yaml.safe_load(CRD_PATH.read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 PROFILES = [
@@ -130,6 +132,29 @@ def test_the_group_definitions_apply_to_the_crd_and_to_group_config(
     assert {g.backend for g in loaded} == {"cuda"}
     assert [g.jobs[0].priority for g in loaded if g.jobs[0].name == "heavy"] == [5]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_headroom_is_written_as_the_crd_spells_it(profiles: Path, tmp_path: Path) -> None:
+    tsg = tmp_path / "tsg.yaml"
+    assert (
+        main(
+            [
+                "advise",
+                str(profiles),
+                *HARDWARE,
+                "--headroom-bytes",
+                "1Mi",
+                "--json",
+                "--tsg-out",
+                str(tsg),
+            ]
+        )
+        == 0
+    )
+    validator = jsonschema.Draft4Validator(_strict(SCHEMA))
+    for resource in yaml.safe_load_all(tsg.read_text()):
+        validator.validate(resource)
+        assert 1 << 20 in resource["spec"].values()
 
 
 def test_a_groups_file_names_the_groups_and_sets_the_hardware(
