@@ -8,6 +8,8 @@
   (a command line is visible to every user of the host).
 - `size`: an argparse type for byte sizes (`16GiB`, `512MiB`, `2G`, `1073741824`).
 - `boolean`: an argparse type for `1/true/yes/on` and `0/false/no/off`.
+- `env_flag(parser, flag, variable, help)`: a server command's flag whose default is an
+  environment variable (`rlslice scheduler`, `rlslice operator`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,3 +117,34 @@ def connection_from(
         else None
     )
     return Connection(address=address, tls=tls, token=token)
+
+
+def env_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    variable: str,
+    help: str,
+    *,
+    type: Callable[[str], object] = str,
+    default: object = None,
+    switch: bool = False,
+) -> None:
+    """Add `flag`, whose default is the environment variable `variable` when it is set.
+
+    The one way a server command's flag reads the environment: `--help` names the variable,
+    a flag given on the command line wins, and a variable that does not parse stops the
+    command with one line naming it (exit 2). `switch=True` makes an on/off flag whose
+    variable takes `boolean` values.
+    """
+    raw = os.environ.get(variable, "").strip()
+    parse: Callable[[str], object] = boolean if switch else type
+    try:
+        value = parse(raw) if raw else default
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        raise SystemExit(f"rlslice: {variable}: {error}") from None
+    shown = "" if default in (None, False) else f"; default {default}"
+    text = f"{help} ({variable}{shown})"
+    if switch:
+        parser.add_argument(flag, action="store_true", default=bool(value), help=text)
+    else:
+        parser.add_argument(flag, type=type, default=value, help=text)

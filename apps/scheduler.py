@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlslice.apps.flags import env_flag
+from rlslice.env import DEFAULT_SCHEDULER
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -26,135 +29,113 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
+#: (flag, variable, help, env_flag keywords): the scheduler's flags, in --help order.
+# Component-prefixed names for TLS: RLSLICE_TLS_* belong to the client (its CA and client
+# certificate), so the scheduler's own server certificate lives elsewhere.
+_FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    (
         "--address",
-        default=_env("RLSLICE_SCHEDULER_ADDRESS", "127.0.0.1:50551"),
-        help="listen address host:port (RLSLICE_SCHEDULER_ADDRESS; default %(default)s)",
-    )
-    add(
-        "--store",
-        default=_env("RLSLICE_STORE", "memory"),
-        help="'memory' or a SQLite file path (RLSLICE_STORE; default %(default)s)",
-    )
-    add(
+        "RLSLICE_SCHEDULER_ADDRESS",
+        "listen address host:port",
+        {"default": DEFAULT_SCHEDULER},
+    ),
+    ("--store", "RLSLICE_STORE", "'memory' or a SQLite file path", {"default": "memory"}),
+    (
         "--metrics-port",
-        type=int,
-        default=_int(_env("RLSLICE_METRICS_PORT")),
-        help="Prometheus port, 0 for any (RLSLICE_METRICS_PORT; default off)",
-    )
-    add(
+        "RLSLICE_METRICS_PORT",
+        "Prometheus port, 0 for any (unset: off)",
+        {"type": int},
+    ),
+    (
         "--metrics-address",
-        default=_env("RLSLICE_METRICS_ADDRESS", "127.0.0.1"),
-        help="Prometheus bind address (RLSLICE_METRICS_ADDRESS; default %(default)s)",
-    )
+        "RLSLICE_METRICS_ADDRESS",
+        "Prometheus bind address",
+        {"default": "127.0.0.1"},
+    ),
+    ("--tls-cert", "RLSLICE_SCHEDULER_TLS_CERT", "server certificate", {"type": Path}),
+    ("--tls-key", "RLSLICE_SCHEDULER_TLS_KEY", "server key", {"type": Path}),
+    (
+        "--tls-client-ca",
+        "RLSLICE_SCHEDULER_TLS_CLIENT_CA",
+        "CA that client certificates must chain to: mutual TLS",
+        {"type": Path},
+    ),
+    (
+        "--agent-tls-ca",
+        "RLSLICE_SCHEDULER_AGENT_TLS_CA",
+        "CA verifying agents; set to call agents over TLS",
+        {"type": Path},
+    ),
+    (
+        "--agent-tls-cert",
+        "RLSLICE_SCHEDULER_AGENT_TLS_CERT",
+        "client certificate for agents",
+        {"type": Path},
+    ),
+    ("--agent-tls-key", "RLSLICE_SCHEDULER_AGENT_TLS_KEY", "client key for agents", {"type": Path}),
+    (
+        "--group-config",
+        "RLSLICE_GROUP_CONFIG",
+        "YAML file: a list of group specs, or {groups: [...]}",
+        {"type": Path},
+    ),
+    (
+        "--auto-create-groups",
+        "RLSLICE_AUTO_CREATE_GROUPS",
+        "create unknown groups on Register",
+        {"switch": True},
+    ),
+    (
+        "--allow-unauthenticated",
+        "RLSLICE_ALLOW_UNAUTHENTICATED",
+        "serve beyond loopback with a role open (no token, no mutual TLS): trusted networks only",
+        {"switch": True},
+    ),
+)
+_ELECTION_FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+    (
+        "--leader-elect",
+        "RLSLICE_LEADER_ELECT",
+        "serve only while holding a coordination.k8s.io Lease; the standby answers health but NOT_SERVING for the Scheduler (needs --store kubernetes)",
+        {"switch": True},
+    ),
+    ("--lease-name", "RLSLICE_LEASE_NAME", "name of the Lease", {"default": "rlslice-scheduler"}),
+    (
+        "--lease-namespace",
+        "RLSLICE_LEASE_NAMESPACE",
+        "namespace of the Lease (unset: this pod's)",
+        {},
+    ),
+    (
+        "--lease-duration",
+        "RLSLICE_LEASE_DURATION",
+        "seconds a silent leader keeps the Lease; the standby takes over after it",
+        {"type": float, "default": 15.0},
+    ),
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    for flag, variable, text, options in _FLAGS:
+        env_flag(parser, flag, variable, text, **options)
     for role in ("job", "admin", "agent"):
-        add(
+        parser.add_argument(
             f"--{role}-token-file",
             type=Path,
             help=f"file holding the {role} token (else RLSLICE_{role.upper()}_TOKEN; unset: open)",
         )
-    # Component-prefixed names: RLSLICE_TLS_* belong to the client (its CA and client
-    # certificate), so the scheduler's own server certificate lives elsewhere.
-    add(
-        "--tls-cert",
-        type=Path,
-        default=_path("RLSLICE_SCHEDULER_TLS_CERT"),
-        help="server certificate (RLSLICE_SCHEDULER_TLS_CERT)",
+    parser.add_argument(
+        "--shutdown-grace", type=float, default=5.0, help="seconds calls get to finish on SIGTERM"
     )
-    add(
-        "--tls-key",
-        type=Path,
-        default=_path("RLSLICE_SCHEDULER_TLS_KEY"),
-        help="server key (RLSLICE_SCHEDULER_TLS_KEY)",
-    )
-    add(
-        "--tls-client-ca",
-        type=Path,
-        default=_path("RLSLICE_SCHEDULER_TLS_CLIENT_CA"),
-        help="CA that client certificates must chain to: mutual TLS "
-        "(RLSLICE_SCHEDULER_TLS_CLIENT_CA)",
-    )
-    add(
-        "--agent-tls-ca",
-        type=Path,
-        default=_path("RLSLICE_SCHEDULER_AGENT_TLS_CA"),
-        help="CA verifying agents (RLSLICE_SCHEDULER_AGENT_TLS_CA); set to call agents over TLS",
-    )
-    add(
-        "--agent-tls-cert",
-        type=Path,
-        default=_path("RLSLICE_SCHEDULER_AGENT_TLS_CERT"),
-        help="client certificate for agents (RLSLICE_SCHEDULER_AGENT_TLS_CERT)",
-    )
-    add(
-        "--agent-tls-key",
-        type=Path,
-        default=_path("RLSLICE_SCHEDULER_AGENT_TLS_KEY"),
-        help="client key for agents (RLSLICE_SCHEDULER_AGENT_TLS_KEY)",
-    )
-    add(
-        "--group-config",
-        type=Path,
-        default=_path("RLSLICE_GROUP_CONFIG"),
-        help="YAML file: a list of group specs, or {groups: [...]} (RLSLICE_GROUP_CONFIG)",
-    )
-    add(
-        "--auto-create-groups",
-        action="store_true",
-        default=_env("RLSLICE_AUTO_CREATE_GROUPS", "") in {"1", "true", "yes"},
-        help="create unknown groups on Register (RLSLICE_AUTO_CREATE_GROUPS)",
-    )
-    add(
-        "--allow-unauthenticated",
-        action="store_true",
-        default=_env("RLSLICE_ALLOW_UNAUTHENTICATED", "") in {"1", "true", "yes"},
-        help="serve beyond loopback with a role open (no token, no mutual TLS): trusted "
-        "networks only (RLSLICE_ALLOW_UNAUTHENTICATED)",
-    )
-    add("--shutdown-grace", type=float, default=5.0, help="seconds calls get to finish on SIGTERM")
     election = parser.add_argument_group("leader election (Kubernetes, several replicas)")
-    election.add_argument(
-        "--leader-elect",
-        action="store_true",
-        default=_env("RLSLICE_LEADER_ELECT", "") in {"1", "true", "yes"},
-        help="serve only while holding a coordination.k8s.io Lease; the standby answers "
-        "health but NOT_SERVING for the Scheduler (RLSLICE_LEADER_ELECT; needs "
-        "--store kubernetes)",
-    )
-    election.add_argument(
-        "--lease-name",
-        default=_env("RLSLICE_LEASE_NAME", "rlslice-scheduler"),
-        help="name of the Lease (RLSLICE_LEASE_NAME; default %(default)s)",
-    )
-    election.add_argument(
-        "--lease-namespace",
-        default=_env("RLSLICE_LEASE_NAMESPACE"),
-        help="namespace of the Lease (RLSLICE_LEASE_NAMESPACE; default: this pod's)",
-    )
-    election.add_argument(
-        "--lease-duration",
-        type=float,
-        default=float(_env("RLSLICE_LEASE_DURATION", "15") or 15),
-        help="seconds a silent leader keeps the Lease; the standby takes over after it "
-        "(RLSLICE_LEASE_DURATION; default %(default)s)",
-    )
+    for flag, variable, text, options in _ELECTION_FLAGS:
+        env_flag(election, flag, variable, text, **options)
     election.add_argument(
         "--lease-identity",
         default=_env("RLSLICE_LEASE_IDENTITY") or _env("POD_NAME"),
         help="this replica's name in the Lease (RLSLICE_LEASE_IDENTITY, else POD_NAME, "
         "else the host name)",
     )
-
-
-def _int(value: str | None) -> int | None:
-    return int(value) if value else None
-
-
-def _path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value) if value else None
 
 
 def _token(args: argparse.Namespace, role: str) -> str | None:

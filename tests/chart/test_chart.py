@@ -581,7 +581,9 @@ def test_the_scheduler_reads_every_variable_the_chart_sets(
     args = _parse(_cmd.configure, env, monkeypatch)
     for name in env:
         # Read = changing the variable changes what the command parses.
-        changed = _parse(_cmd.configure, {name: env[name] + "1"}, monkeypatch)
+        # A switch is flipped (its variable must parse as a boolean); others get a suffix.
+        flipped = {"true": "false", "1": "0"}.get(env[name].lower(), env[name] + "1")
+        changed = _parse(_cmd.configure, {name: flipped}, monkeypatch)
         monkeypatch.setenv(name, env[name])
         assert vars(changed) != vars(args), f"{name} is not read by rlslice scheduler"
     settings = _cmd.settings_from(args)
