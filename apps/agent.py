@@ -15,14 +15,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.flags import size
+from rlslice.apps.flags import env_flag, size
 from rlslice.env import read_token_file
 
 parse_size = size  # the one size parser (rlslice.apps.flags), kept under its old name
 
 
+def _variable(flag: str) -> str:
+    """`RLSLICE_AGENT_<FLAG>`: each flag's variable (a given flag wins)."""
+    return "RLSLICE_AGENT_" + _ENV_NAMES.get(flag, flag).upper().replace("-", "_")
+
+
 def _env(name: str) -> str | None:
-    return os.environ.get("RLSLICE_AGENT_" + name.upper().replace("-", "_")) or None
+    return os.environ.get(_variable(name)) or None
 
 
 # The Agent service's own certificate: RLSLICE_AGENT_SERVER_TLS_*, so that no variable of
@@ -35,8 +40,8 @@ _ENV_NAMES = {
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    def add(flag: str, **kwargs: Any) -> None:
-        parser.add_argument(f"--{flag}", default=_env(_ENV_NAMES.get(flag, flag)), **kwargs)
+    def add(flag: str, help: str) -> None:
+        env_flag(parser, f"--{flag}", _variable(flag), help)
 
     add(
         "node",
@@ -59,13 +64,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # The token comes from a file or RLSLICE_AGENT_TOKEN, never from a flag: a command
     # line is visible to every user of the host.
     add("token-file", help="file holding the agent token (else RLSLICE_AGENT_TOKEN)")
-    add("tls-cert", help="PEM certificate of the Agent service (RLSLICE_AGENT_SERVER_TLS_CERT)")
-    add("tls-key", help="PEM key of the Agent service (RLSLICE_AGENT_SERVER_TLS_KEY)")
-    add(
-        "tls-client-ca",
-        help="PEM CA that callers' certificates must chain to: mutual TLS "
-        "(RLSLICE_AGENT_SERVER_TLS_CLIENT_CA)",
-    )
+    add("tls-cert", help="PEM certificate of the Agent service")
+    add("tls-key", help="PEM key of the Agent service")
+    add("tls-client-ca", help="PEM CA that callers' certificates must chain to: mutual TLS")
     add("scheduler-ca", help="PEM CA that verifies the scheduler (TLS to the scheduler)")
     add(
         "scheduler-cert",
@@ -76,13 +77,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--label", action="append", default=[], help="node label key=value, for the scheduler"
     )
-    parser.add_argument(
+    env_flag(
+        parser,
         "--kubernetes",
-        action="store_const",
-        const="true",
-        default=_env("kubernetes"),
-        help="DaemonSet mode: node from NODE_NAME, its labels from the API, jobs from the "
+        _variable("kubernetes"),
+        "DaemonSet mode: node from NODE_NAME, its labels from the API, jobs from the "
         "pods on it (rlslice.dev/job label) instead of socket registration only",
+        switch=True,
     )
     add("proc-root", help="Kubernetes mode: the host's /proc (default /proc)")
     add("rescan-seconds", help="Kubernetes mode: seconds between process rescans (default 5)")

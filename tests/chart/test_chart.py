@@ -559,7 +559,9 @@ def test_the_agent_reads_every_variable_the_chart_sets(
     args = _parse(_cmd.configure, env, monkeypatch)
     for name, value in env.items():
         dest = AGENT_RENAMED.get(name, name.removeprefix("RLSLICE_AGENT_").lower())
-        assert getattr(args, dest) == value, name
+        parsed = getattr(args, dest)
+        # A switch's variable parses to a boolean; every other flag keeps the text.
+        assert (str(parsed).lower() if isinstance(parsed, bool) else parsed) == value, name
     monkeypatch.setenv("NODE_NAME", "ip-10-0-1-7.ec2.internal")  # the downward API
     settings = _cmd.settings_from(args)
     assert settings.backend == env["RLSLICE_AGENT_BACKEND"]
