@@ -508,6 +508,8 @@ class Engine:
             self.metrics.count_switch(state.name, "failed")
         elif kind is Kind.FAULTED:
             self.metrics.count_switch(state.name, "faulted")
+        elif kind is Kind.PREFETCH and record.detail not in ("started", "undoing"):
+            self.metrics.count_prefetch(state.name, record.detail.partition(":")[0])
         seq, now = next(self._seq), self.clock()
         runtime.ring.add(
             seq, now, kind.value, record.job, record.detail, record.seconds, record.bytes, state

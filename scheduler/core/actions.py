@@ -28,6 +28,7 @@ class Kind(enum.StrEnum):
     GROUP_PUT = "group_put"
     GROUP_DELETED = "group_deleted"
     FAILED = "failed"
+    PREFETCH = "prefetch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,14 @@ class SwitchFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefetchSkipped:
+    """A prefetch was not run: the waiter does not fit beside the holder (nothing moved)."""
+
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreFailed:
     """Restoring the incoming job failed after `evicted` were parked."""
 
@@ -140,6 +148,7 @@ Event = (
     | SnapshotFailed
     | SwitchFailed
     | RestoreFailed
+    | PrefetchSkipped
     | PutGroup
     | DeleteGroup
     | Recover

@@ -151,7 +151,7 @@ def _acquire(tx: _Tx, e: ev.Acquire) -> None:
         tx.record(Kind.QUEUED, e.job, "rejoined")
         _serve(tx)
         return
-    if s.switch is not None and s.switch.incoming == e.job:
+    if s.switch is not None and s.switch.incoming == e.job and s.switch.purpose == "grant":
         if s.switch.ticket is not None:
             raise AlreadyExistsError(f"job: {e.job!r} is already waiting for group {s.name!r}")
         tx.set(switch=replace(s.switch, ticket=e.ticket, detached=False))
@@ -171,6 +171,7 @@ def _cancel(tx: _Tx, e: ev.Cancel) -> None:
         if waiter.job == e.job and waiter.ticket == e.ticket:
             tx.set(queue=tuple(w for w in s.queue if w is not waiter))
             tx.record(Kind.CANCELLED, e.job)
+            _prefetch(tx)
             return
     if s.switch is not None and s.switch.incoming == e.job and s.switch.ticket == e.ticket:
         # The switch runs on (it cannot stop half-way); the job ends up resident, not holding.
@@ -274,10 +275,11 @@ def keepalive_answer(state: GroupState, job: str, now: float) -> tuple[float, bo
 def _serve(tx: _Tx) -> None:
     """Hand a free group to the next waiter: at once if it is resident, else by a switch."""
     s = tx.s
-    if s.holder is not None or s.switch is not None:
+    if s.switch is not None:
         return
-    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
+    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now) if s.holder is None else None
     if waiter is None:
+        _prefetch(tx)
         return
     tx.set(queue=tuple(w for w in s.queue if w is not waiter))
     if waiter.job in s.fencing:
@@ -288,6 +290,55 @@ def _serve(tx: _Tx) -> None:
         _grant(tx, waiter.job, waiter.ticket, tx.now - waiter.since, phase=waiter.phase)
     else:
         _start_switch(tx, waiter)
+
+
+def _prefetch(tx: _Tx) -> None:
+    """With the switch slot free: park again a prefetched job that stopped waiting, else
+    restore the head waiter beside the holder ahead of its grant (the coordinator plans it
+    and skips it when it does not fit; the same holder and waiter are not tried twice).
+    Never while a lapsed holder waits to be fenced."""
+    s = tx.s
+    if s.switch is not None or s.fencing:
+        return
+    stale = next((j for j in s.prefetched if j != s.holder and s.waiter(j) is None), None)
+    if stale is not None:
+        _launch(tx, _side_switch(s, stale, "unprefetch", tx.now, evict=(stale,)))
+        return
+    if s.holder is None:
+        return
+    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
+    if waiter is None or not waiter.attached or waiter.job not in s.parked:
+        return
+    if waiter.job in s.faulted or s.unfit == (s.holder, waiter.job):
+        return
+    candidates = tuple(j for j in s.resident if j not in (s.holder, waiter.job))
+    switch = _side_switch(s, waiter.job, "prefetch", waiter.since, candidates=candidates)
+    _launch(tx, replace(switch, phase=waiter.phase, started_at=tx.now))
+
+
+def _side_switch(
+    s: GroupState,
+    job: str,
+    purpose: str,
+    since: float,
+    *,
+    evict: tuple[str, ...] = (),
+    candidates: tuple[str, ...] = (),
+) -> Switch:
+    """A prefetch or an unprefetch: moves beside the holder, never a grant."""
+    return Switch(
+        incoming=job,
+        ticket=None,
+        waited_since=since,
+        evict=evict,
+        candidates=candidates,
+        restore=purpose == "prefetch",
+        epoch=s.epoch + 1,
+        rollback_epoch=s.epoch + 2,
+        attempt=1,
+        started_at=since,
+        purpose=purpose,
+    )
 
 
 def _start_switch(
@@ -322,6 +373,10 @@ def _start_switch(
 def _launch(tx: _Tx, switch: Switch) -> None:
     tx.set(switch=switch, epoch=max(tx.s.epoch, switch.rollback_epoch))
     tx.emit(a.StartSwitch(switch))
+    if switch.purpose != "grant":
+        detail = "started" if switch.purpose == "prefetch" else "undoing"
+        tx.record(Kind.PREFETCH, switch.incoming, detail)
+        return
     detail = f"attempt {switch.attempt}"
     if switch.evict:
         detail += f"; evict {', '.join(switch.evict)}"
@@ -352,6 +407,9 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     s = tx.s
     switch = _current_switch(s, e.epoch)
     if switch is None:
+        return
+    if switch.purpose != "grant":
+        _side_switch_done(tx, switch, e)
         return
     _park(tx, e.evicted)
     _fenced(tx, switch)
@@ -389,9 +447,52 @@ def _came_back(e: ev.SwitchDone) -> int:
     return e.moved_bytes if e.restored_bytes is None else e.restored_bytes
 
 
+def _side_switch_done(tx: _Tx, switch: Switch, e: ev.SwitchDone) -> None:
+    """A prefetch brought its waiter onto the GPUs (granted at once when the holder has
+    yielded meanwhile), or an unprefetch parked a waiter that left."""
+    _park(tx, e.evicted)
+    job = switch.incoming
+    s = tx.s
+    if switch.purpose == "prefetch" and job in s.jobs:
+        tx.set(
+            resident=(*(j for j in s.resident if j != job), job),
+            parked=tuple(j for j in s.parked if j != job),
+            prefetched=(*(j for j in s.prefetched if j != job), job),
+        )
+    detail = "done" if switch.purpose == "prefetch" else "undone"
+    tx.set(switch=None)
+    tx.record(Kind.PREFETCH, job, detail, seconds=e.seconds, nbytes=e.moved_bytes)
+    _serve(tx)
+
+
+def _side_switch_failed(tx: _Tx, switch: Switch, reason: str, evicted: tuple[str, ...]) -> None:
+    """A prefetch or unprefetch that failed (rolled back) or was skipped: nobody waits on
+    it, so nothing is retried; the waiter is served by a plain switch when its turn comes."""
+    _park(tx, evicted)
+    s = tx.s
+    changes: dict[str, Any] = {"switch": None}
+    if switch.purpose == "unprefetch":
+        changes["prefetched"] = tuple(j for j in s.prefetched if j != switch.incoming)
+    elif s.holder is not None:
+        changes["unfit"] = (s.holder, switch.incoming)
+    tx.set(**changes)
+    tx.record(Kind.PREFETCH, switch.incoming, reason)
+    _serve(tx)
+
+
+def _prefetch_skipped(tx: _Tx, e: ev.PrefetchSkipped) -> None:
+    switch = _current_switch(tx.s, e.epoch)
+    if switch is None:
+        return
+    _side_switch_failed(tx, switch, f"skipped: {e.reason}", ())
+
+
 def _snapshot_failed(tx: _Tx, e: ev.SnapshotFailed | ev.SwitchFailed) -> None:
     switch = _current_switch(tx.s, e.epoch)
     if switch is None:
+        return
+    if switch.purpose != "grant":
+        _side_switch_failed(tx, switch, f"failed: {e.reason}", ())
         return
     tx.set(switch=None)
     tx.record(Kind.SWITCH_FAILED, switch.incoming, e.reason)
@@ -407,13 +508,26 @@ def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
     switch = _current_switch(tx.s, e.epoch)
     if switch is None:
         return
+    if switch.purpose != "grant":
+        _side_switch_failed(tx, switch, f"failed: {e.reason}", e.evicted)
+        return
     _park(tx, e.evicted)
     _fenced(tx, switch)
     tx.set(switch=None)
     tx.record(Kind.SWITCH_FAILED, switch.incoming, e.reason, nbytes=e.moved_bytes)
     if switch.attempt < MAX_SWITCH_ATTEMPTS and switch.incoming in tx.s.jobs:
-        # The evictions held; only the restore is tried again.
-        _retry(tx, switch, evict=(), candidates=(), fence=(), restore=True, preempted=None)
+        # The evictions that held stay; an overlapped switch undone on every node evicted
+        # nothing, so its jobs may be evicted again.
+        gone = set(e.evicted)
+        _retry(
+            tx,
+            switch,
+            evict=tuple(j for j in switch.evict if j not in gone),
+            candidates=tuple(j for j in switch.candidates if j not in gone),
+            fence=(),
+            restore=True,
+            preempted=switch.preempted if switch.preempted not in gone else None,
+        )
         return
     s = tx.s
     if switch.incoming in s.jobs:
@@ -435,6 +549,7 @@ def _park(tx: _Tx, evicted: tuple[str, ...]) -> None:
         tx.set(
             resident=tuple(j for j in s.resident if j not in gone),
             parked=(*s.parked, *(j for j in evicted if j in gone and j not in s.parked)),
+            prefetched=tuple(j for j in s.prefetched if j not in gone),
         )
 
 
@@ -489,15 +604,19 @@ def _grant(
 ) -> None:
     s = tx.s
     epoch = s.epoch if reserved else s.epoch + 1
+    # A prefetched job's bytes came back ahead of its grant: nothing moves now.
+    restored = restored or job in s.prefetched
     tx.set(
         holder=job,
         holder_since=tx.now,
         yield_requested_at=None,
         epoch=epoch,
         resident=(*(j for j in s.resident if j != job), job),
+        prefetched=tuple(j for j in s.prefetched if j != job),
     )
     tx.emit(a.Grant(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes))
     tx.record(Kind.GRANTED, job, phase, seconds=waited)
+    _prefetch(tx)
 
 
 def _end_hold(tx: _Tx) -> float:
@@ -554,6 +673,7 @@ def _remove(
         faulted={j: r for j, r in s.faulted.items() if j != job},
         preempted=s.preempted - {job},
         fencing=(*fencing, job) if fence else fencing,
+        prefetched=tuple(j for j in s.prefetched if j != job),
     )
     tx.record(kind, job, reason)
     if not fence:
@@ -630,6 +750,7 @@ _HANDLERS: dict[type[Any], Callable[[_Tx, Any], None]] = {
     ev.SnapshotFailed: _snapshot_failed,
     ev.SwitchFailed: _snapshot_failed,
     ev.RestoreFailed: _restore_failed,
+    ev.PrefetchSkipped: _prefetch_skipped,
     ev.PutGroup: _put_group,
     ev.DeleteGroup: _delete_group,
     ev.Recover: _recover,

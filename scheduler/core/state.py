@@ -92,6 +92,10 @@ class Switch:
     """A scheduler restart cut the incoming job's call off: the switch still ends in a grant
     to it (the job was served before the restart; its re-issued Acquire finds it holding),
     unless the call comes back first and takes `ticket` again."""
+    purpose: str = "grant"
+    """"grant": end in a grant to `incoming`. "prefetch": restore `incoming` (the head
+    waiter) beside the holder before it yields; no grant, the holder never evicted.
+    "unprefetch": park `incoming` again (a prefetched waiter left)."""
     fence: tuple[str, ...] = ()
     """Jobs whose lease lapsed while they held the group (in `evict` too): snapshotted on
     every node before the grant, never rolled back; released once fenced."""
@@ -120,6 +124,11 @@ class GroupState:
     switches: int = 0
     last_switch_seconds: float = 0.0
     last_switch_at: float = 0.0
+    prefetched: tuple[str, ...] = ()
+    """Resident jobs restored ahead of their grant and not granted since; parked again
+    (unprefetch) if they stop waiting."""
+    unfit: tuple[str, str] | None = None
+    """(holder, waiter) for which a prefetch did not fit: not tried again for that pair."""
     fencing: tuple[str, ...] = ()
     """Jobs whose lease lapsed while they held (alive but unreachable, maybe still running):
     no one is granted the group until a switch has fenced them on every node."""

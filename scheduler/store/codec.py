@@ -56,6 +56,8 @@ def encode_group(state: GroupState) -> dict[str, Any]:
         "last_switch_seconds": state.last_switch_seconds,
         "last_switch_at": state.last_switch_at,
         "fencing": list(state.fencing),
+        "prefetched": list(state.prefetched),
+        "unfit": list(state.unfit) if state.unfit is not None else None,
     }
 
 
@@ -101,4 +103,10 @@ def decode_group(data: dict[str, Any]) -> GroupState:
         last_switch_seconds=data["last_switch_seconds"],
         last_switch_at=data["last_switch_at"],
         fencing=tuple(data.get("fencing", ())),
+        prefetched=tuple(data.get("prefetched", ())),
+        unfit=_pair(data.get("unfit")),
     )
+
+
+def _pair(value: Any) -> tuple[str, str] | None:
+    return (str(value[0]), str(value[1])) if value else None

@@ -7,7 +7,7 @@ Case matrix:
   one runs with its bytes identical; a repeat with the same epoch is answered from memory
 - a failed restore half (its buffer gone): both halves undone, the outgoing job runs on
   with its bytes, the incoming one stays parked; `failure` names the restore
-- a failed snapshot half (the call's deadline passes mid-copy): both undone
+- a half cut off by the call's deadline mid-copy: both undone, both copies whole
 - absent jobs: a switch with only an incoming job, or an outgoing job unknown here
 - refusals before anything moves: the same job twice, a stale epoch
 - the duplex link: each direction paced on its own, a shared cap binds both
@@ -16,6 +16,7 @@ Case matrix:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -151,9 +152,14 @@ async def test_a_failed_snapshot_half_undoes_both_halves(
     stub: Any = agent_pb2_grpc.AgentStub(channel)
     try:
         a, b = await two_jobs(agent, spawn_job, stub)
-        with pytest.raises(grpc.aio.AioRpcError) as raised:
-            await stub.Switch(switch(["job-a"], "job-b", 2), timeout=0.5)
-        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The agent gives up at the call's deadline (less a margin for its answer), or its
+        # answer comes too late for the caller: a failure either way.
+        call = stub.Switch(switch(["job-a"], "job-b", 2), timeout=0.5)
+        outcome = (await asyncio.gather(call, return_exceptions=True))[0]
+        if isinstance(outcome, grpc.aio.AioRpcError):
+            assert outcome.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        else:
+            assert outcome.HasField("failure")
 
         async def settled() -> bool:
             found = await states(stub)

@@ -27,6 +27,9 @@ class Driver:
     grants: list[actions.Grant] = field(default_factory=list)
     fails: list[actions.Fail] = field(default_factory=list)
     log: list[actions.Action] = field(default_factory=list)
+    prefetch_fits: bool = False
+    """False: the driver's coordinator finds no room beside the holder and answers every
+    prefetch with PrefetchSkipped at once (so tests of plain switches see none)."""
 
     @classmethod
     def for_spec(cls, **spec: object) -> Driver:
@@ -46,6 +49,14 @@ class Driver:
                 if action.ticket in self.open_calls:
                     del self.open_calls[action.ticket]
                 self.fails.append(action)
+        for action in transition.actions:
+            if (
+                isinstance(action, actions.StartSwitch)
+                and action.switch.purpose == "prefetch"
+                and not self.prefetch_fits
+                and self.state.switch == action.switch
+            ):
+                self.apply(events.PrefetchSkipped(action.switch.epoch, "no room (driver)"))
         return transition.actions
 
     def register(self, job: str, lease: float = 30.0, **kw: object) -> None:

@@ -112,6 +112,10 @@ class _EventKindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     EVENT_KIND_GROUP_PUT: _EventKind.ValueType  # 17
     EVENT_KIND_GROUP_DELETED: _EventKind.ValueType  # 18
     EVENT_KIND_FAILED: _EventKind.ValueType  # 19
+    EVENT_KIND_PREFETCH: _EventKind.ValueType  # 20
+    """A waiter's state was restored ahead of its grant, beside the holder (detail: "done",
+    "undone" when the waiter left, or "failed: why").
+    """
 
 class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper):
     """What happened in a group."""
@@ -137,6 +141,10 @@ EVENT_KIND_PREEMPTED: EventKind.ValueType  # 16
 EVENT_KIND_GROUP_PUT: EventKind.ValueType  # 17
 EVENT_KIND_GROUP_DELETED: EventKind.ValueType  # 18
 EVENT_KIND_FAILED: EventKind.ValueType  # 19
+EVENT_KIND_PREFETCH: EventKind.ValueType  # 20
+"""A waiter's state was restored ahead of its grant, beside the holder (detail: "done",
+"undone" when the waiter left, or "failed: why").
+"""
 global___EventKind = EventKind
 
 @typing.final

@@ -1,0 +1,229 @@
+"""Move planning: which jobs leave the GPUs and which moves each node runs. Pure.
+
+The coordinator asks every node of the group for a report (device memory free, where each
+of the group's jobs stands), turns the answers into `NodeReport`s and executes the plan
+these functions return; a node that did not answer is `answered=False`.
+
+- `plan_switch`: the jobs a switch evicts (`must_evict`, then resident candidates least
+  recently used first, only while the incoming job does not fit; every candidate when a
+  node is silent or the incoming job's size is unknown) and, per node, the snapshots and
+  the restore to run. A switch resumed after a restart finds some jobs parked already:
+  they count as evicted.
+- `plan_park`: the snapshots that park a prefetched waiter again once it left.
+- `plan_prefetch`: the same for restoring the head waiter beside the holder before the
+  holder yields. The holder is never evicted for it; other resident jobs are, LRU first,
+  only when that makes the waiter fit. No plan (None) when it cannot fit, when a node is
+  silent, or when nothing is parked: a prefetch never moves blind.
+
+A job's bytes are taken as spread evenly over a node's devices, so it fits only where the
+fullest device has room for its share: summing free memory over devices would restore a job
+beside another that fills its device.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rlslice.scheduler.core.residency import NodeMemory, choose_evictions
+
+
+class Place(enum.StrEnum):
+    """Where a job stands on one node, as its agent reports it."""
+
+    RUNNING = "running"
+    SAVING = "saving"
+    PARKED = "parked"
+    RESTORING = "restoring"
+    FAULTED = "faulted"
+
+
+_IN_HOST = {Place.PARKED, Place.FAULTED, Place.RESTORING}
+
+
+@dataclass(frozen=True, slots=True)
+class JobReport:
+    """One of the group's jobs on one node."""
+
+    place: Place
+    device_bytes: int = 0
+    """Device bytes it holds there now."""
+    host_bytes: int = 0
+    """Host bytes its parked state takes there."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """What one node's agent said (or that it said nothing)."""
+
+    node: str
+    answered: bool = True
+    device_free: tuple[int, ...] = ()
+    """Free bytes of each device."""
+    jobs: Mapping[str, JobReport] = field(default_factory=dict)
+    """The group's jobs known there."""
+
+    @property
+    def free_bytes(self) -> int:
+        """Free bytes usable by one job spread over the devices (see the module docstring)."""
+        return len(self.device_free) * min(self.device_free) if self.device_free else 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMoves:
+    """The moves of one node: snapshots of `snapshot`, then (or meanwhile) restore."""
+
+    node: str
+    snapshot: tuple[str, ...] = ()
+    restore: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MovePlan:
+    """What a switch (or prefetch) does."""
+
+    evict: tuple[str, ...]
+    """Jobs that end up parked (snapshotted, or found parked already)."""
+    nodes: tuple[NodeMoves, ...]
+    """Nodes with something to do, in the group's node order."""
+
+    @property
+    def moves(self) -> int:
+        """Number of snapshot and restore calls."""
+        return sum(len(n.snapshot) + (n.restore is not None) for n in self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """The incoming job: who it is and what the scheduler knows of its size."""
+
+    job: str
+    declared_bytes: int = 0
+    """Device bytes per node the job declared at registration (0: unknown)."""
+    restore: bool = True
+    """Whether the scheduler has it parked (or faulted): restore it where a silent node
+    might hold it."""
+
+
+def plan_switch(
+    need: Need,
+    reports: Sequence[NodeReport],
+    candidates: Sequence[str],
+    *,
+    must_evict: Sequence[str] = (),
+    headroom_bytes: int = 0,
+) -> MovePlan:
+    """The moves of a switch to `need.job`; see the module docstring."""
+    everyone = (*must_evict, *(j for j in candidates if j not in must_evict))
+    chosen, _ = _evictions(need, reports, candidates, must_evict, headroom_bytes)
+    evict = everyone if chosen is None else chosen
+    # A switch resumed after a restart finds some jobs parked already: evicted all the same.
+    evict += tuple(j for j in everyone if j not in evict and _parked_somewhere(reports, j))
+    return MovePlan(evict, _node_moves(need, reports, evict))
+
+
+def plan_prefetch(
+    need: Need,
+    reports: Sequence[NodeReport],
+    candidates: Sequence[str],
+    *,
+    holder: str | None,
+    headroom_bytes: int = 0,
+) -> MovePlan | None:
+    """The moves that restore `need.job` beside `holder` now, or None; see the docstring."""
+    if not reports or not all(r.answered for r in reports):
+        return None
+    if not any(_in_host(r, need.job) for r in reports):
+        # Nothing parked. On the devices already (a prefetch resumed after a restart
+        # whose restores had finished): done, with nothing to move; else nothing to do.
+        running = any(_place(r, need.job) is Place.RUNNING for r in reports)
+        return MovePlan((), ()) if running else None
+    allowed = [j for j in candidates if j not in (holder, need.job)]
+    chosen, fit = _evictions(need, reports, allowed, (), headroom_bytes)
+    if chosen is None or not fit:
+        return None
+    return MovePlan(chosen, _node_moves(need, reports, chosen))
+
+
+def plan_park(job: str, reports: Sequence[NodeReport]) -> MovePlan:
+    """The snapshots that park `job` again (a prefetched waiter that left)."""
+    nodes = tuple(NodeMoves(r.node, (job,)) for r in reports if _needs_snapshot(r, job))
+    return MovePlan((job,), nodes)
+
+
+def _evictions(
+    need: Need,
+    reports: Sequence[NodeReport],
+    candidates: Sequence[str],
+    must_evict: Sequence[str],
+    headroom: int,
+) -> tuple[tuple[str, ...] | None, bool]:
+    """(jobs to evict, whether the incoming job then fits); None when unknown."""
+    wanted: dict[str, int] = {}
+    memory = []
+    for report in reports:
+        if not report.answered:
+            return None, False
+        mine = report.jobs.get(need.job)
+        if mine is not None and mine.place is Place.RUNNING:
+            # On the device already (a switch resumed after its restore finished, or a job
+            # that allocated before it first acquired): what it holds there counts in the
+            # used memory; only the rest of what it declared is still needed.
+            wanted[report.node] = max(0, need.declared_bytes - mine.device_bytes)
+        elif mine is not None and mine.place in _IN_HOST:
+            wanted[report.node] = mine.host_bytes
+        elif need.declared_bytes:
+            wanted[report.node] = need.declared_bytes
+        elif mine is None or mine.place is not Place.RUNNING:
+            return None, False  # how much the incoming job needs is unknown
+        resident = {job: r.device_bytes for job, r in report.jobs.items()}
+        memory.append(NodeMemory(report.node, report.free_bytes, resident))
+    chosen = choose_evictions(
+        wanted, memory, candidates, must_evict=must_evict, headroom_bytes=headroom
+    )
+    freed = {m.node: sum(m.job_bytes.get(j, 0) for j in chosen) for m in memory}
+    fit = all(wanted.get(m.node, 0) + headroom <= m.free_bytes + freed[m.node] for m in memory)
+    return chosen, fit
+
+
+def _node_moves(
+    need: Need, reports: Sequence[NodeReport], evict: Sequence[str]
+) -> tuple[NodeMoves, ...]:
+    planned = []
+    for report in reports:
+        snapshot = tuple(j for j in evict if _needs_snapshot(report, j))
+        restore = need.job if _needs_restore(report, need) else None
+        if snapshot or restore:
+            planned.append(NodeMoves(report.node, snapshot, restore))
+    return tuple(planned)
+
+
+def _needs_snapshot(report: NodeReport, job: str) -> bool:
+    """A silent node gets the call anyway (it fails, or finds nothing to do)."""
+    if not report.answered:
+        return True
+    found = report.jobs.get(job)
+    return found is not None and found.place is not Place.PARKED
+
+
+def _needs_restore(report: NodeReport, need: Need) -> bool:
+    if not report.answered:
+        return need.restore
+    return _in_host(report, need.job)
+
+
+def _in_host(report: NodeReport, job: str) -> bool:
+    found = report.jobs.get(job)
+    return found is not None and found.place in _IN_HOST
+
+
+def _parked_somewhere(reports: Sequence[NodeReport], job: str) -> bool:
+    return any(
+        (found := r.jobs.get(job)) is not None and found.place is Place.PARKED for r in reports
+    )
+
+
+def _place(report: NodeReport, job: str) -> Place | None:
+    found = report.jobs.get(job)
+    return found.place if found is not None else None

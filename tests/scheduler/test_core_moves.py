@@ -1,0 +1,146 @@
+"""Move planning over plain per-node reports (`core.moves`), as tables.
+
+plan_switch cases: fits beside -> no eviction, only the restore; short -> LRU eviction and
+its snapshots on the nodes that hold the job; a silent node -> every candidate evicted, the
+silent node called for each snapshot and for the restore of a parked job; unknown size ->
+every candidate; a job parked already (a resumed switch) counts as evicted; a job running on
+one node only is snapshotted there only.
+plan_prefetch cases: fits -> restore only; the holder is never evicted; another resident is,
+when that makes room; no room even then -> None; silent node -> None; nothing parked -> None,
+unless it runs already (a resumed prefetch): an empty plan.
+plan_park: snapshots where the job is not parked.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlslice.scheduler.core.moves import (
+    JobReport,
+    Need,
+    NodeMoves,
+    NodeReport,
+    Place,
+    plan_park,
+    plan_prefetch,
+    plan_switch,
+)
+
+G = 1 << 30
+R, P = Place.RUNNING, Place.PARKED
+
+
+def node(name: str, free: int, **jobs: tuple[Place, int]) -> NodeReport:
+    reports = {
+        job: JobReport(place, size if place is R else 0, size if place is not R else 0)
+        for job, (place, size) in jobs.items()
+    }
+    return NodeReport(name, True, (free,), reports)
+
+
+SILENT = NodeReport("n9", answered=False)
+
+
+@pytest.mark.parametrize(
+    ("reports", "candidates", "must", "evict", "moves"),
+    [
+        # b (4 G parked) fits beside a: nothing evicted, only the restore
+        ([node("n1", 6 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], [], (), [("n1", (), "b")]),
+        # short: a goes, snapshot and restore on the same node
+        ([node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], [], ("a",), [("n1", ("a",), "b")]),
+        # a must go (preempted) although b fits
+        (
+            [node("n1", 9 * G, a=(R, 4 * G), b=(P, 4 * G))],
+            ["c"],
+            ["a"],
+            ("a",),
+            [("n1", ("a",), "b")],
+        ),
+        # a silent node: every candidate, called there for each move
+        (
+            [node("n1", 9 * G, a=(R, 4 * G), b=(P, 4 * G)), SILENT],
+            ["a"],
+            [],
+            ("a",),
+            [("n1", ("a",), "b"), ("n9", ("a",), "b")],
+        ),
+        # a parked already (a resumed switch): counted as evicted, no second snapshot
+        ([node("n1", 9 * G, a=(P, 4 * G), b=(P, 4 * G))], ["a"], [], ("a",), [("n1", (), "b")]),
+        # a job on one node only is moved there only
+        (
+            [node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G)), node("n2", 2 * G, b=(P, 4 * G))],
+            ["a"],
+            [],
+            ("a",),
+            [("n1", ("a",), "b"), ("n2", (), "b")],
+        ),
+    ],
+)
+def test_plan_switch(
+    reports: list[NodeReport],
+    candidates: list[str],
+    must: list[str],
+    evict: tuple[str, ...],
+    moves: list[tuple[str, tuple[str, ...], str | None]],
+) -> None:
+    plan = plan_switch(Need("b"), reports, candidates, must_evict=must)
+    assert plan.evict == evict
+    assert plan.nodes == tuple(NodeMoves(n, s, r) for n, s, r in moves)
+
+
+def test_an_unknown_size_evicts_every_candidate() -> None:
+    reports = [node("n1", 9 * G, a=(R, 1 * G), c=(R, 1 * G))]  # b unknown here, undeclared
+    assert plan_switch(Need("b"), reports, ["a", "c"]).evict == ("a", "c")
+    declared = plan_switch(Need("b", declared_bytes=G), reports, ["a", "c"])
+    assert declared.evict == ()
+
+
+@pytest.mark.parametrize(
+    ("reports", "residents", "expected"),
+    [
+        # fits beside the holder a: restore only
+        ([node("n1", 6 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], ((), [("n1", (), "b")])),
+        # no room beside the holder: None (the holder is never evicted for a prefetch)
+        ([node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], None),
+        # another resident c makes room: evicted, never a
+        (
+            [node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G), c=(R, 3 * G))],
+            ["c", "a"],
+            (("c",), [("n1", ("c",), "b")]),
+        ),
+        # even evicting c leaves no room: None
+        ([node("n1", 0, a=(R, 8 * G), b=(P, 4 * G), c=(R, 1 * G))], ["c", "a"], None),
+        # a silent node: never blind
+        ([node("n1", 9 * G, a=(R, 4 * G), b=(P, 4 * G)), SILENT], ["a"], None),
+        # nothing parked and not running: nothing to do
+        ([node("n1", 9 * G, a=(R, 4 * G))], ["a"], None),
+        # running already (a resumed prefetch that had finished): an empty plan
+        ([node("n1", 9 * G, a=(R, 4 * G), b=(R, 4 * G))], ["a"], ((), [])),
+    ],
+)
+def test_plan_prefetch(
+    reports: list[NodeReport],
+    residents: list[str],
+    expected: tuple[tuple[str, ...], list[tuple[str, tuple[str, ...], str]]] | None,
+) -> None:
+    plan = plan_prefetch(Need("b"), reports, residents, holder="a")
+    if expected is None:
+        assert plan is None
+        return
+    assert plan is not None
+    evict, moves = expected
+    assert plan.evict == evict
+    assert plan.nodes == tuple(NodeMoves(n, s, r) for n, s, r in moves)
+
+
+def test_headroom_keeps_a_prefetch_out() -> None:
+    reports = [node("n1", 6 * G, a=(R, 4 * G), b=(P, 4 * G))]
+    assert plan_prefetch(Need("b"), reports, ["a"], holder="a", headroom_bytes=G) is not None
+    assert plan_prefetch(Need("b"), reports, ["a"], holder="a", headroom_bytes=3 * G) is None
+
+
+def test_plan_park_snapshots_where_the_job_is_not_parked() -> None:
+    reports = [node("n1", 0, b=(R, G)), node("n2", 0, b=(P, G)), node("n3", 0)]
+    plan = plan_park("b", reports)
+    assert plan.evict == ("b",)
+    assert plan.nodes == (NodeMoves("n1", ("b",), None),)
