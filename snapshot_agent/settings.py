@@ -131,11 +131,9 @@ class AgentSettings(BaseModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        from rlslice.config import BACKENDS
+        from rlslice.config import validate_backend
 
-        if value not in BACKENDS:
-            raise ValueError(f"backend: {value!r} is not one of {', '.join(BACKENDS)}")
-        return value
+        return validate_backend(value)
 
     def options_for(self, backend: str) -> dict[str, str]:
         """Agent-level options for `backend`."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
+from rlslice.config import BACKEND_ENTRY_POINTS
 from rlslice.snapshot_agent.backends.base import Backend
 
-ENTRY_POINT_GROUP = "rlslice.backends"
+ENTRY_POINT_GROUP = BACKEND_ENTRY_POINTS  # one name for the group (rlslice.config)
 
 
 @dataclass(frozen=True)
