@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -113,6 +114,10 @@ def main() -> int:
     parser.add_argument("--gpu-seconds", type=float, default=0.3, help="each GPU phase")
     parser.add_argument("--cpu-seconds", type=float, default=0.3, help="reward scoring")
     args = parser.parse_args()
+    # Slurm cancels, preempts and times out with SIGTERM (SIGKILL follows KillWait later):
+    # leave the phase and close the client, so the other job is granted now rather than
+    # when this job's lease lapses.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     job = os.environ["RLSLICE_JOB"]
     agent_socket = None
     if os.environ.get("RLSLICE_AGENT_REGISTERED") != "1":
