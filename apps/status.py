@@ -1,5 +1,8 @@
-"""`rlslice status [GROUP]`: groups as a table (holder, queue, resident, parked, epoch, last
-switch), or `--json`."""
+"""`rlslice status [GROUP]`: groups as a table (holder, queue, resident, parked, lock-only
+jobs, epoch, last switch, switches, busy), or `--json`.
+
+"lock only" lists the jobs no agent of the group knew when they registered: they take turns
+on the lock, but their switches move nothing of them (`rlslice.scheduler.registration`)."""
 
 from __future__ import annotations
 
@@ -103,6 +106,7 @@ _COLUMNS = (
     "queue",
     "resident",
     "parked",
+    "lock only",
     "epoch",
     "last switch",
     "switches",
@@ -122,6 +126,7 @@ def _rows(groups: list[Any]) -> list[tuple[str, ...]]:
                 ", ".join(g.queue) or "-",
                 ", ".join(g.resident) or "-",
                 ", ".join(g.parked) or "-",
+                ", ".join(j.job for j in g.jobs if j.lock_only) or "-",
                 str(g.epoch),
                 last,
                 str(g.switches),

@@ -169,6 +169,8 @@ class Leases:
         log.debug(
             "job %r registered in group %r (lease %.1f s)", s.job, group, answer.lease_seconds
         )
+        if answer.warning:  # the scheduler's word on this job, e.g. that it is lock only
+            log.warning("scheduler: %s", answer.warning)
         return answer
 
     async def _keep_alive(self, lease: Lease) -> None:

@@ -43,6 +43,7 @@ def group_spec(name: str, spec: Mapping[str, Any]) -> GroupSpec:
             headroom_bytes=int(spec.get("headroomBytes", 0)),
             jobs=jobs,
             node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+            require_agent_registration=spec.get("requireAgentRegistration", False),
         )
     except ValidationError as error:
         raise InvalidArgumentError(_first_error(error, "spec.")) from None
@@ -80,6 +81,7 @@ _FIELD_NAMES = {
     "backend_options": "backendOptions",
     "headroom_bytes": "headroomBytes",
     "node_selector": "nodeSelector",
+    "require_agent_registration": "requireAgentRegistration",
 }
 
 

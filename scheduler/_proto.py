@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.scheduler._runtime import EventEntry
@@ -30,7 +30,12 @@ def phase(state: GroupState) -> str:
 
 
 def group_status(
-    state: GroupState, *, now: float, busy: float, nodes: Sequence[str]
+    state: GroupState,
+    *,
+    now: float,
+    busy: float,
+    nodes: Sequence[str],
+    lock_only: Collection[str] = (),
 ) -> pb.GroupStatus:
     """The wire form of a group's state."""
     queue = order(state.spec.policy, state.queue, state.jobs, now)
@@ -49,6 +54,7 @@ def group_status(
                 held_seconds=held,
                 reason=state.faulted.get(name, ""),
                 lease_expires_at=record.expires_at,
+                lock_only=name in lock_only,
             )
         )
     return pb.GroupStatus(

@@ -36,6 +36,7 @@ def group_spec_to_proto(spec: GroupSpec) -> scheduler_pb2.GroupSpec:
             for j in spec.jobs
         ],
         node_selector=dict(spec.node_selector),
+        require_agent_registration=spec.require_agent_registration,
     )
 
 
@@ -57,4 +58,5 @@ def group_spec_from_proto(message: scheduler_pb2.GroupSpec) -> GroupSpec:
             for j in message.jobs
         ),
         node_selector=dict(message.node_selector),
+        require_agent_registration=message.require_agent_registration,
     )
