@@ -112,6 +112,13 @@ class SchedulerMetrics:
         self.preemptions = Counter(
             "rlslice_scheduler_preemptions", "Holders preempted", ["group"], registry=r
         )
+        self.prefetches = Counter(
+            "rlslice_scheduler_prefetches",
+            "Waiters restored beside the holder ahead of their grant, by outcome (done, "
+            "undone: parked again when the waiter left, skipped: no room, failed)",
+            ["group", "outcome"],
+            registry=r,
+        )
         self.store_refusals = Counter(
             "rlslice_scheduler_store_refusals",
             "Transitions refused (UNAVAILABLE) or retried because the store could not persist "
@@ -126,13 +133,6 @@ class SchedulerMetrics:
         self.store_healthy.set(1)
         self.groups = Gauge("rlslice_scheduler_groups", "Groups known", registry=r)
         self.agents = Gauge("rlslice_scheduler_agents", "Agents registered", registry=r)
-        self.lock_only = Counter(
-            "rlslice_scheduler_lock_only_registrations",
-            "Jobs registered while no agent of their group knew them: they take turns on the "
-            "lock, but their switches move nothing of them",
-            ["group"],
-            registry=r,
-        )
         self._holders: dict[str, str] = {}
         r.register(_HolderCollector(self._holders))
         self._series: dict[str, _GroupSeries] = {}
@@ -173,16 +173,16 @@ class SchedulerMetrics:
             series.held = self.held_seconds.labels(group)
         series.held.inc(seconds)
 
-    def count_lock_only(self, group: str) -> None:
-        """A job registered in `group` that no agent of the group knows."""
-        self.lock_only.labels(group).inc()
-
     def count_preemption(self, group: str) -> None:
         """A holder of `group` was preempted."""
         series = self._group(group)
         if series.preemptions is None:
             series.preemptions = self.preemptions.labels(group)
         series.preemptions.inc()
+
+    def count_prefetch(self, group: str, outcome: str) -> None:
+        """A prefetch of `group` ended: "done", "undone", "skipped" or "failed"."""
+        self.prefetches.labels(group, outcome).inc()
 
     def count_switch(self, group: str, outcome: str) -> None:
         """A switch of `group` ended: "done", "failed" or "faulted"."""
@@ -204,6 +204,11 @@ class SchedulerMetrics:
         for outcome in series.outcomes if series is not None else ():
             try:
                 self.switches.remove(group, outcome)
+            except KeyError:
+                pass
+        for outcome in ("done", "undone", "skipped", "failed"):
+            try:
+                self.prefetches.remove(group, outcome)
             except KeyError:
                 pass
 

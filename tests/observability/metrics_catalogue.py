@@ -16,11 +16,11 @@ SCHEDULER: dict[str, tuple[str, frozenset[str]]] = {
     "rlslice_scheduler_switches_total": ("counter", frozenset({"group", "outcome"})),
     "rlslice_scheduler_busy_fraction": ("gauge", frozenset({"group"})),
     "rlslice_scheduler_preemptions_total": ("counter", frozenset({"group"})),
+    "rlslice_scheduler_prefetches_total": ("counter", frozenset({"group", "outcome"})),
     # One series per group (its current holder), so the job label stays bounded.
     "rlslice_scheduler_holder": ("gauge", frozenset({"group", "job"})),
     "rlslice_scheduler_groups": ("gauge", frozenset()),
     "rlslice_scheduler_agents": ("gauge", frozenset()),
-    "rlslice_scheduler_lock_only_registrations_total": ("counter", frozenset({"group"})),
 }
 
 AGENT: dict[str, tuple[str, frozenset[str]]] = {
