@@ -13,7 +13,8 @@ all groups run at once, in one window:
 | breaking | heavy + grpo | busy ~1, but both jobs slow down far past 1.2x |
 
 Cases:
-- `rlslice profile --from-log` turns a dedicated group's recorded events into a profile
+- `rlslice profile --watch` (the scheduler's stream) and `rlslice profile --from-log` (the
+  recorded events) give the same profile; `--from-log` turns a dedicated group's recorded events into a profile
   whose phases match the job's shape, and `rlslice advise` on the three profiles ranks
   the good pairing above the poor one and refuses the breaking one, naming the slowdown;
 - for each pairing, the advisor's prediction (profiles from the dedicated runs, the switch
@@ -79,6 +80,7 @@ class Measured:
 
     runs: dict[str, JobRun]
     events: dict[str, list[Event]]
+    watched: Path  # what `rlslice profile --watch solo-grpo` wrote
     start: float  # window, Unix seconds
     stop: float
 
@@ -122,6 +124,28 @@ def _measure(work: Path) -> Measured:
         ]
         for watcher in watchers:
             watcher.start()
+        watched = work / "watched-grpo.yaml"
+        profiler = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rlslice.apps",
+                "profile",
+                "--watch",
+                "solo-grpo",
+                "--seconds",
+                str(WINDOW_S + 20),
+                "--scheduler",
+                clusters["solo"].scheduler,
+                "--state-bytes",
+                f"{STATE_MIB}Mi",
+                "--out",
+                str(watched),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONSAFEPATH": "1"},
+        )
         time.sleep(0.5)  # the Watch is open before the first job registers
         threads = []
         for seed, (group, jobs) in enumerate(GROUPS.items()):
@@ -156,6 +180,8 @@ def _measure(work: Path) -> Measured:
             thread.join(timeout=WINDOW_S + 60)
         errors = [f"{r.job}: {r.error}" for r in runs.values() if r.error]
         assert not errors, errors
+        _, stderr = profiler.communicate(timeout=60)
+        assert profiler.returncode == 0, stderr
     finally:
         for cluster in clusters.values():
             cluster.stop()
@@ -165,7 +191,7 @@ def _measure(work: Path) -> Measured:
     for event in recorded:
         if event.group in events:
             events[event.group].append(event)
-    return Measured(runs, events, window.start, window.stop)
+    return Measured(runs, events, watched, window.start, window.stop)
 
 
 def _busy(measured: Measured, group: str) -> float:
@@ -280,6 +306,14 @@ def test_profile_and_advise_work_on_the_recorded_run(measured: Measured, tmp_pat
         assert gpu["train"] == pytest.approx(expected.train_seconds, rel=0.15)
         assert profile["phases"][0]["stats"]["count"] >= 3
         paths.append(str(out))
+    # `rlslice profile --watch` saw the same job as the recorded events say.
+    (watched,) = yaml.safe_load(measured.watched.read_text())["profiles"]
+    recorded = yaml.safe_load((tmp_path / "grpo.yaml").read_text())["profiles"][0]
+    assert watched["name"] == "grpo-solo"
+    for mine, theirs in zip(watched["phases"], recorded["phases"], strict=True):
+        assert mine["name"] == theirs["name"]
+        assert mine["seconds"] == pytest.approx(theirs["seconds"], rel=0.05, abs=0.01)
+    assert watched["cycles"] >= 3
     # Two runs of grpo and of thin: the same profile under a second name.
     for shape in ("grpo", "thin"):
         data = yaml.safe_load((tmp_path / f"{shape}.yaml").read_text())
