@@ -1,14 +1,23 @@
 """The coordinator: executes a group's switch over the node agents.
 
 1. `Status` from every node of the group, in parallel: device memory and where each job is.
-2. Decide evictions (`core.residency.choose_evictions`): the preempted holder always, then
-   resident jobs least recently used first, only while the incoming job does not fit.
-3. `Snapshot` the evicted jobs on every node where they run, in parallel. If any fails,
-   roll back: `Restore` (with the switch's rollback epoch) wherever a snapshot succeeded,
-   so the outgoing job keeps running, and report SnapshotFailed.
-4. `Restore` the incoming job on every node where it is parked, in parallel. A failure is
-   reported as RestoreFailed (the core retries once, then marks the job FAULTED).
+2. Plan (`core.moves.plan_switch`, pure, over plain per-node reports): the jobs to evict
+   (the preempted holder always, then resident jobs least recently used first, only while
+   the incoming job does not fit) and, per node, the snapshots and the restore to run.
+3. Overlapped (the default): one `Switch` call per node, all nodes in parallel; each agent
+   restores the incoming job while its snapshots run, admitting incoming bytes as outgoing
+   bytes leave. A node's Switch is all or nothing; if any node fails, the nodes that went
+   through are switched back (rollback epoch), so the outgoing jobs run on everywhere and
+   the incoming job stays parked, and the failed half is reported (SnapshotFailed, or
+   RestoreFailed with nothing evicted). An agent without `Switch` gets the serial calls.
+4. Serial (`overlap=False`): `Snapshot` the evicted jobs everywhere in parallel (rolled back
+   with `Restore` at the rollback epoch if any fails), then `Restore` the incoming job.
 5. Report SwitchDone; the engine grants.
+
+A prefetch (`Switch.purpose` "prefetch") is planned by `core.moves.plan_prefetch` (the
+holder is never evicted for it) and executed the same way; when it cannot fit the
+coordinator says so (PrefetchSkipped) and nothing moves. An unprefetch parks a prefetched
+waiter that left (`core.moves.plan_park`).
 
 Every call has a deadline; UNAVAILABLE is retried with exponential backoff. A group with no
 agents never reaches here: its switch is a pure lock handoff.
@@ -17,9 +26,10 @@ agents never reaches here: its switch is a pure lock handoff.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +44,19 @@ from rlslice._errors import (
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
-from rlslice.scheduler.core import GroupState, NodeMemory, Switch, choose_evictions, events
+from rlslice.scheduler.core import GroupState, Switch, events
 from rlslice.scheduler.core.membership import group_nodes
+from rlslice.scheduler.core.moves import (
+    JobReport,
+    MovePlan,
+    Need,
+    NodeMoves,
+    NodeReport,
+    Place,
+    plan_park,
+    plan_prefetch,
+    plan_switch,
+)
 from rlslice.scheduler.store import AgentRecord
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
@@ -48,7 +69,13 @@ log = logging.getLogger(__name__)
 FENCE_OPTION = "fence"
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 _TRANSPORT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-_PARKED = {apb.AGENT_JOB_STATE_PARKED, apb.AGENT_JOB_STATE_FAULTED, apb.AGENT_JOB_STATE_RESTORING}
+_PLACES = {
+    apb.AGENT_JOB_STATE_RUNNING: Place.RUNNING,
+    apb.AGENT_JOB_STATE_SAVING: Place.SAVING,
+    apb.AGENT_JOB_STATE_PARKED: Place.PARKED,
+    apb.AGENT_JOB_STATE_RESTORING: Place.RESTORING,
+    apb.AGENT_JOB_STATE_FAULTED: Place.FAULTED,
+}
 
 
 class AgentCallError(Exception):
@@ -90,12 +117,15 @@ class Coordinator:
         status_timeout: float = 5.0,
         retries: int = 3,
         backoff: float = 0.1,
+        overlap: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.agents: dict[str, AgentRecord] = {}
         self._token, self._tls = token, tls
         self._rpc_timeout, self._status_timeout = rpc_timeout, status_timeout
         self._retries, self._backoff = retries, backoff
+        self.overlap = overlap
+        """One Switch call per node (restore overlapping snapshots); False: serial calls."""
         self._clock = clock
         self._channels: dict[str, _Channel] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -168,21 +198,43 @@ class Coordinator:
         spec = state.spec
         nodes = self.nodes_for(spec)
         statuses = await self._statuses(nodes)
-        evict = self._evictions(state, switch, nodes, statuses)
-        # A switch resumed after a restart finds some jobs parked already: evicted all the same.
-        evict += tuple(
-            job
-            for job in (*switch.evict, *switch.candidates)
-            if job not in evict and _parked_somewhere(statuses.values(), job, state.name)
-        )
-        moved = 0
+        reports = [_report(node, statuses.get(node), state.name) for node in nodes]
+        record = state.jobs.get(switch.incoming)
+        need = Need(switch.incoming, record.device_bytes if record else 0, switch.restore)
+        plan: MovePlan | None
+        if switch.purpose == "unprefetch":
+            plan = plan_park(switch.incoming, reports)
+        elif switch.purpose == "prefetch":
+            plan = plan_prefetch(
+                need,
+                reports,
+                switch.candidates,
+                holder=state.holder,
+                headroom_bytes=spec.headroom_bytes,
+            )
+            if plan is None:
+                return events.PrefetchSkipped(switch.epoch, "does not fit beside the holder")
+        else:
+            plan = plan_switch(
+                need,
+                reports,
+                switch.candidates,
+                must_evict=switch.evict,
+                headroom_bytes=spec.headroom_bytes,
+            )
+        if self.overlap and not switch.fence:
+            result = await self._overlapped(spec, switch, plan)
+        else:
+            # A fence (a lapsed holder) is never undone, so it takes the serial calls,
+            # whose snapshots hold even when the restore fails.
+            result = await self._serial(spec, switch, plan)
+        if isinstance(result, events.SwitchDone):
+            return dataclasses.replace(result, seconds=self._clock() - started)
+        return result
 
-        snapshots = [
-            (job, node)
-            for job in evict
-            for node in nodes
-            if _needs(statuses.get(node), job, state.name, snapshot=True)
-        ]
+    async def _serial(self, spec: GroupSpec, switch: Switch, plan: MovePlan) -> events.Event:
+        """Snapshots everywhere, then restores (rolling the snapshots back if one fails)."""
+        snapshots = [(job, n.node) for n in plan.nodes for job in n.snapshot]
         results = await self._moves("Snapshot", spec, snapshots, switch.epoch, switch.fence)
         failures = [r for r in results if isinstance(r, AgentCallError)]
         if failures:
@@ -198,21 +250,119 @@ class Coordinator:
             if done:
                 reason += f" (rolled back on {len(done)} node(s))"
             return events.SnapshotFailed(switch.epoch, reason, failures[0].kind)
-        moved += sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
-
-        restores = [
-            (switch.incoming, node)
-            for node in nodes
-            if _needs(statuses.get(node), switch.incoming, state.name, snapshot=False)
-            or (statuses.get(node) is None and switch.restore)
-        ]
+        moved = sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+        restores = [(n.restore, n.node) for n in plan.nodes if n.restore is not None]
         results = await self._moves("Restore", spec, restores, switch.epoch)
         failures = [r for r in results if isinstance(r, AgentCallError)]
-        moved += sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+        restored = sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+        moved += restored
         if failures:
             reason = "; ".join(str(f) for f in failures)
-            return events.RestoreFailed(switch.epoch, reason, evict, moved)
-        return events.SwitchDone(switch.epoch, evict, moved, self._clock() - started)
+            return events.RestoreFailed(switch.epoch, reason, plan.evict, moved)
+        return events.SwitchDone(switch.epoch, plan.evict, moved, restored_bytes=restored)
+
+    async def _overlapped(self, spec: GroupSpec, switch: Switch, plan: MovePlan) -> events.Event:
+        """One Switch per node, in parallel; all nodes or none (see the module docstring)."""
+        outcomes = await asyncio.gather(
+            *(self._node_switch(spec, moves, switch.epoch) for moves in plan.nodes)
+        )
+        failed = [o for o in outcomes if o.failure is not None]
+        if not failed:
+            moved = sum(o.moved for o in outcomes)
+            restored = sum(o.restored_bytes for o in outcomes)
+            return events.SwitchDone(switch.epoch, plan.evict, moved, restored_bytes=restored)
+        went = [o for o in outcomes if o.failure is None and o.moved_any]
+        await asyncio.gather(*(self._switch_back(spec, o, switch.rollback_epoch) for o in went))
+        reason = "; ".join(str(o.failure) for o in failed)
+        if went:
+            reason += f" (switched back on {len(went)} node(s))"
+        snapshots = [o.failure for o in failed if o.failed_move == "snapshot" and o.failure]
+        if snapshots:
+            return events.SnapshotFailed(switch.epoch, reason, snapshots[0].kind)
+        # Undone everywhere: nothing was evicted, so a retry may evict again.
+        return events.RestoreFailed(switch.epoch, reason, (), 0)
+
+    async def _node_switch(self, spec: GroupSpec, moves: NodeMoves, epoch: int) -> _NodeOutcome:
+        node = moves.node
+        request = apb.SwitchRequest(
+            group=spec.name,
+            epoch=epoch,
+            outgoing=[self._switch_move(spec, job) for job in moves.snapshot],
+            headroom_bytes=spec.headroom_bytes,
+        )
+        if moves.restore is not None:
+            request.incoming.CopyFrom(self._switch_move(spec, moves.restore))
+        what = f"switch to job {moves.restore or '-'}"
+        try:
+            result: apb.SwitchResult = await self._call(
+                node, "Switch", request, self._rpc_timeout, what
+            )
+        except AgentCallError as refused:
+            if refused.code == grpc.StatusCode.UNIMPLEMENTED:
+                return await self._node_serial(spec, moves, epoch)
+            # Refused before anything moved, or cut off: counted as the snapshot half.
+            return _NodeOutcome(moves, failure=refused, failed_move="snapshot")
+        moved = sum(r.bytes for r in result.outgoing)
+        restored = result.HasField("incoming") and not result.incoming.absent
+        came_back = result.incoming.bytes if restored else 0
+        if result.HasField("failure"):
+            failure = result.failure
+            code = (
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+                if failure.resource_exhausted
+                else grpc.StatusCode.ABORTED
+            )
+            detail = f"{failure.move} of job {failure.job} failed (undone): {failure.reason}"
+            error = AgentCallError(node, what, code, detail)
+            return _NodeOutcome(moves, failure=error, failed_move=failure.move)
+        snapped = tuple(r.job for r in result.outgoing if not r.absent)
+        return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back)
+
+    async def _node_serial(self, spec: GroupSpec, moves: NodeMoves, epoch: int) -> _NodeOutcome:
+        """A node whose agent has no Switch: its snapshots, then its restore, undone on failure."""
+        node = moves.node
+        pairs = [(job, node) for job in moves.snapshot]
+        results = await self._moves("Snapshot", spec, pairs, epoch)
+        snapped = tuple(
+            job
+            for (job, _), r in zip(pairs, results, strict=True)
+            if isinstance(r, apb.MoveResult) and not r.absent
+        )
+        moved = sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+        failure = next((r for r in results if isinstance(r, AgentCallError)), None)
+        failed_move = "snapshot"
+        restored, came_back = False, 0
+        if failure is None and moves.restore is not None:
+            (result,) = await self._moves("Restore", spec, [(moves.restore, node)], epoch)
+            if isinstance(result, AgentCallError):
+                failure, failed_move = result, "restore"
+            else:
+                restored, came_back = not result.absent, result.bytes
+        if failure is not None:
+            await self._rollback(spec, [(job, node) for job in snapped], epoch + 1)
+            return _NodeOutcome(moves, failure=failure, failed_move=failed_move)
+        return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back)
+
+    async def _switch_back(self, spec: GroupSpec, outcome: _NodeOutcome, epoch: int) -> None:
+        """Undo a node's switch that went through: park the incoming job again, then
+        bring the outgoing jobs back (serial calls: the rare path)."""
+        node = outcome.moves.node
+        if outcome.restored and outcome.moves.restore is not None:
+            (result,) = await self._moves("Snapshot", spec, [(outcome.moves.restore, node)], epoch)
+            if isinstance(result, AgentCallError):
+                log.error("switching node %s back failed: %s", node, result)
+                return  # the outgoing jobs stay parked there; their next acquire restores them
+        await self._rollback(spec, [(job, node) for job in outcome.snapped], epoch)
+
+    def _switch_move(self, spec: GroupSpec, job: str) -> apb.SwitchMove:
+        backend = spec.job(job).backend or spec.backend
+        return apb.SwitchMove(job=job, backend=backend, options=dict(spec.backend_options))
+
+    async def agent_jobs(self, spec: GroupSpec) -> dict[str, list[tuple[str, str]]]:
+        """The (job, group) pairs each node of the group knows; nodes that did not answer
+        are left out (see `rlslice.scheduler.registration`)."""
+        statuses = await self._statuses(self.nodes_for(spec))
+        return {node: [(j.job, j.group) for j in s.jobs] for node, s in statuses.items()}
 
     async def agent_jobs(self, spec: GroupSpec) -> dict[str, list[tuple[str, str]]]:
         """The (job, group) pairs each node of the group knows; nodes that did not answer
@@ -250,50 +400,6 @@ class Coordinator:
 
         found = await asyncio.gather(*(one(node) for node in nodes))
         return {node: s for node, s in zip(nodes, found, strict=True) if s is not None}
-
-    def _evictions(
-        self,
-        state: GroupState,
-        switch: Switch,
-        nodes: tuple[str, ...],
-        statuses: Mapping[str, apb.AgentStatus],
-    ) -> tuple[str, ...]:
-        """Which jobs leave the GPUs. Unknown sizes or silent nodes: evict every candidate."""
-        everyone = (*switch.evict, *(j for j in switch.candidates if j not in switch.evict))
-        record = state.jobs.get(switch.incoming)
-        need: dict[str, int] = {}
-        memory = []
-        for node in nodes:
-            status = statuses.get(node)
-            if status is None:
-                return everyone
-            jobs = {j.job: j for j in status.jobs if j.group == state.name}
-            mine = jobs.get(switch.incoming)
-            if mine is not None and mine.state == apb.AGENT_JOB_STATE_RUNNING:
-                # On the device already (a switch resumed after its restore finished, or a
-                # job that allocated before it first acquired): what it holds there counts
-                # in `used`; only the rest of what it declared is still needed.
-                declared = record.device_bytes if record is not None else 0
-                need[node] = max(0, declared - mine.device_bytes)
-            elif mine is not None and mine.state in _PARKED:
-                need[node] = mine.host_bytes
-            elif record is not None and record.device_bytes:
-                need[node] = record.device_bytes
-            elif mine is None or mine.state != apb.AGENT_JOB_STATE_RUNNING:
-                return everyone  # how much the incoming job needs is unknown
-            # A job's bytes are taken as spread evenly over the node's devices, so it fits
-            # only where the fullest device has room for its share: summing free memory
-            # over devices would restore a job beside another that fills its device.
-            frees = [d.total_bytes - d.used_bytes for d in status.devices]
-            free = len(frees) * min(frees) if frees else 0
-            memory.append(NodeMemory(node, free, {j: a.device_bytes for j, a in jobs.items()}))
-        return choose_evictions(
-            need,
-            memory,
-            switch.candidates,
-            must_evict=switch.evict,
-            headroom_bytes=state.spec.headroom_bytes,
-        )
 
     async def _moves(
         self,
@@ -372,22 +478,32 @@ def _traced_outcome(result: events.Event) -> dict[str, Any]:
     return {"outcome": "snapshot_failed"}
 
 
-def _needs(status: apb.AgentStatus | None, job: str, group: str, *, snapshot: bool) -> bool:
-    """Whether `job` needs a snapshot (or restore) on the node `status` describes. A node
-    that did not answer Status gets the call anyway for snapshots (it fails or is a no-op)."""
+def _report(node: str, status: apb.AgentStatus | None, group: str) -> NodeReport:
+    """A node's Status as the planner's plain report (answered=False when it was silent)."""
     if status is None:
-        return snapshot
-    for entry in status.jobs:
-        if entry.job == job and entry.group == group:
-            if snapshot:
-                return entry.state != apb.AGENT_JOB_STATE_PARKED
-            return entry.state in _PARKED
-    return False
+        return NodeReport(node, answered=False)
+    jobs = {
+        j.job: JobReport(_PLACES.get(j.state, Place.FAULTED), j.device_bytes, j.host_bytes)
+        for j in status.jobs
+        if j.group == group
+    }
+    free = tuple(d.total_bytes - d.used_bytes for d in status.devices)
+    return NodeReport(node, True, free, jobs)
 
 
-def _parked_somewhere(statuses: Iterable[apb.AgentStatus], job: str, group: str) -> bool:
-    return any(
-        entry.job == job and entry.group == group and entry.state == apb.AGENT_JOB_STATE_PARKED
-        for status in statuses
-        for entry in status.jobs
-    )
+@dataclass(frozen=True, slots=True)
+class _NodeOutcome:
+    """How one node's Switch went."""
+
+    moves: NodeMoves
+    moved: int = 0
+    snapped: tuple[str, ...] = ()
+    """Jobs snapshotted there (not absent)."""
+    restored: bool = False
+    restored_bytes: int = 0
+    failure: AgentCallError | None = None
+    failed_move: str = ""
+
+    @property
+    def moved_any(self) -> bool:
+        return bool(self.snapped) or self.restored
