@@ -133,6 +133,13 @@ class SchedulerMetrics:
         self.store_healthy.set(1)
         self.groups = Gauge("rlslice_scheduler_groups", "Groups known", registry=r)
         self.agents = Gauge("rlslice_scheduler_agents", "Agents registered", registry=r)
+        self.lock_only = Counter(
+            "rlslice_scheduler_lock_only_registrations",
+            "Jobs registered while no agent of their group knew them: they take turns on the "
+            "lock, but their switches move nothing of them",
+            ["group"],
+            registry=r,
+        )
         self._holders: dict[str, str] = {}
         r.register(_HolderCollector(self._holders))
         self._series: dict[str, _GroupSeries] = {}
@@ -172,6 +179,10 @@ class SchedulerMetrics:
         if series.held is None:
             series.held = self.held_seconds.labels(group)
         series.held.inc(seconds)
+
+    def count_lock_only(self, group: str) -> None:
+        """A job registered in `group` that no agent of the group knows."""
+        self.lock_only.labels(group).inc()
 
     def count_preemption(self, group: str) -> None:
         """A holder of `group` was preempted."""

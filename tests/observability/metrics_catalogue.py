@@ -21,6 +21,7 @@ SCHEDULER: dict[str, tuple[str, frozenset[str]]] = {
     "rlslice_scheduler_holder": ("gauge", frozenset({"group", "job"})),
     "rlslice_scheduler_groups": ("gauge", frozenset()),
     "rlslice_scheduler_agents": ("gauge", frozenset()),
+    "rlslice_scheduler_lock_only_registrations_total": ("counter", frozenset({"group"})),
 }
 
 AGENT: dict[str, tuple[str, frozenset[str]]] = {

@@ -226,6 +226,7 @@ class GroupSpec(google.protobuf.message.Message):
     HEADROOM_BYTES_FIELD_NUMBER: builtins.int
     JOBS_FIELD_NUMBER: builtins.int
     NODE_SELECTOR_FIELD_NUMBER: builtins.int
+    REQUIRE_AGENT_REGISTRATION_FIELD_NUMBER: builtins.int
     name: builtins.str
     """Group id, a DNS-1123 label."""
     policy: global___Policy.ValueType
@@ -240,6 +241,10 @@ class GroupSpec(google.protobuf.message.Message):
     """How agents move device state: "sim", "cuda", "cuda-checkpoint" or "app"."""
     headroom_bytes: builtins.int
     """Device bytes kept free on every node when deciding whether a job can stay resident."""
+    require_agent_registration: builtins.bool
+    """Refuse (FAILED_PRECONDITION) the Register of a job that no agent of the group knows:
+    its processes never registered with their node's agent, so nothing of it would move.
+    """
     @property
     def backend_options(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
         """Backend options, passed to the agents as they are."""
@@ -270,8 +275,9 @@ class GroupSpec(google.protobuf.message.Message):
         headroom_bytes: builtins.int = ...,
         jobs: collections.abc.Iterable[global___JobSpec] | None = ...,
         node_selector: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
+        require_agent_registration: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["backend", b"backend", "backend_options", b"backend_options", "headroom_bytes", b"headroom_bytes", "jobs", b"jobs", "lease_seconds", b"lease_seconds", "max_hold_seconds", b"max_hold_seconds", "name", b"name", "node_selector", b"node_selector", "nodes", b"nodes", "policy", b"policy", "yield_grace_seconds", b"yield_grace_seconds"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["backend", b"backend", "backend_options", b"backend_options", "headroom_bytes", b"headroom_bytes", "jobs", b"jobs", "lease_seconds", b"lease_seconds", "max_hold_seconds", b"max_hold_seconds", "name", b"name", "node_selector", b"node_selector", "nodes", b"nodes", "policy", b"policy", "require_agent_registration", b"require_agent_registration", "yield_grace_seconds", b"yield_grace_seconds"]) -> None: ...
 
 global___GroupSpec = GroupSpec
 
@@ -288,6 +294,7 @@ class JobStatus(google.protobuf.message.Message):
     HELD_SECONDS_FIELD_NUMBER: builtins.int
     REASON_FIELD_NUMBER: builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: builtins.int
+    LOCK_ONLY_FIELD_NUMBER: builtins.int
     job: builtins.str
     """Job id."""
     state: global___JobState.ValueType
@@ -302,6 +309,10 @@ class JobStatus(google.protobuf.message.Message):
     """Why the job is FAULTED, or empty."""
     lease_expires_at: builtins.float
     """Unix time the lease lapses."""
+    lock_only: builtins.bool
+    """No agent of the group knew the job when it registered: it takes turns on the lock,
+    but its switches move nothing of it.
+    """
     def __init__(
         self,
         *,
@@ -312,8 +323,9 @@ class JobStatus(google.protobuf.message.Message):
         held_seconds: builtins.float = ...,
         reason: builtins.str = ...,
         lease_expires_at: builtins.float = ...,
+        lock_only: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["device_bytes", b"device_bytes", "held_seconds", b"held_seconds", "job", b"job", "lease_expires_at", b"lease_expires_at", "queue_position", b"queue_position", "reason", b"reason", "state", b"state"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["device_bytes", b"device_bytes", "held_seconds", b"held_seconds", "job", b"job", "lease_expires_at", b"lease_expires_at", "lock_only", b"lock_only", "queue_position", b"queue_position", "reason", b"reason", "state", b"state"]) -> None: ...
 
 global___JobStatus = JobStatus
 
@@ -454,6 +466,7 @@ class RegisterResponse(google.protobuf.message.Message):
     SECRET_FIELD_NUMBER: builtins.int
     LEASE_SECONDS_FIELD_NUMBER: builtins.int
     EPOCH_FIELD_NUMBER: builtins.int
+    WARNING_FIELD_NUMBER: builtins.int
     lease_id: builtins.str
     """Lease id, opaque."""
     secret: builtins.str
@@ -462,6 +475,8 @@ class RegisterResponse(google.protobuf.message.Message):
     """Granted lease length in seconds."""
     epoch: builtins.int
     """The group's epoch now."""
+    warning: builtins.str
+    """Set when the job is lock only (no agent of the group knows it): why, and what to do."""
     def __init__(
         self,
         *,
@@ -469,8 +484,9 @@ class RegisterResponse(google.protobuf.message.Message):
         secret: builtins.str = ...,
         lease_seconds: builtins.float = ...,
         epoch: builtins.int = ...,
+        warning: builtins.str = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["epoch", b"epoch", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "secret", b"secret"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["epoch", b"epoch", "lease_id", b"lease_id", "lease_seconds", b"lease_seconds", "secret", b"secret", "warning", b"warning"]) -> None: ...
 
 global___RegisterResponse = RegisterResponse
 
