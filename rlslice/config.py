@@ -8,6 +8,7 @@ schema. Conversions live at the adapters: `rlslice.adapters.wire` for the protob
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +33,29 @@ class Policy(enum.StrEnum):
 
 
 BACKENDS = ("sim", "cuda", "cuda-checkpoint", "app")
+"""The backends this distribution ships; plug-ins add theirs through the entry points."""
+BACKEND_ENTRY_POINTS = "rlslice.backends"
+"""The entry-point group a backend registers in (pyproject `[project.entry-points]`)."""
+
+
+@functools.cache
+def backend_names() -> tuple[str, ...]:
+    """Every backend name a spec may use: the shipped ones and each installed plug-in's
+    entry point in `rlslice.backends` (read once a process)."""
+    from importlib.metadata import entry_points
+
+    plugins = sorted(point.name for point in entry_points(group=BACKEND_ENTRY_POINTS))
+    return tuple(dict.fromkeys((*BACKENDS, *plugins)))
+
+
+def validate_backend(value: str, field: str = "backend") -> str:
+    """`value` if it names a known backend; else ValueError naming `field` and the choices.
+
+    The one backend-name rule, for group specs, job specs and agent settings alike."""
+    names = backend_names()
+    if value not in names:
+        raise ValueError(f"{field}: {value!r} is not one of {', '.join(names)}")
+    return value
 
 
 def _finite(value: float, field: str) -> float:
@@ -62,9 +86,7 @@ class JobSpec(BaseModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        if value and value not in BACKENDS:
-            raise ValueError(f"backend: {value!r} is not one of {', '.join(BACKENDS)}")
-        return value
+        return validate_backend(value) if value else value
 
 
 class GroupSpec(BaseModel):
@@ -114,9 +136,7 @@ class GroupSpec(BaseModel):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        if value not in BACKENDS:
-            raise ValueError(f"backend: {value!r} is not one of {', '.join(BACKENDS)}")
-        return value
+        return validate_backend(value)
 
     @field_validator("lease_seconds", "max_hold_seconds", "yield_grace_seconds")
     @classmethod
