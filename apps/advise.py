@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlslice.apps.flags import size
+
 if TYPE_CHECKING:
     from rlslice.planner.advisor import Advice, GroupScore, Hardware
     from rlslice.planner.profile import WorkloadProfile
@@ -42,10 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-slowdown", type=float, default=1.2, help="bound of jobs that set none (1.2)"
     )
     parser.add_argument("--groups", type=Path, metavar="FILE", help="the groups available (YAML)")
-    parser.add_argument("--gpu-bytes", default="80Gi", help="device memory per GPU (80Gi)")
-    parser.add_argument("--host-bytes", default="1Ti", help="host memory per node for parking")
-    parser.add_argument("--headroom-bytes", default="0", help="device bytes kept free per GPU")
-    parser.add_argument("--host-reserve-bytes", default="0", help="host bytes kept free")
+    for flag, default, what in (
+        ("--gpu-bytes", "80GiB", "device memory per GPU"),
+        ("--host-bytes", "1TiB", "host memory per node for parking"),
+        ("--headroom-bytes", "0", "device bytes kept free per GPU"),
+        ("--host-reserve-bytes", "0", "host bytes kept free per node"),
+    ):
+        parser.add_argument(flag, type=size, default=default, help=f"{what} ({default})")
     parser.add_argument(
         "--rate-gbps", type=float, help="host<->device GB/s per GPU (default: measured, or 25)"
     )

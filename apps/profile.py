@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, cast
 
+from rlslice.apps.flags import add_connection_flags, connection_from, size
 from rlslice.apps.trace_export import Event, event_to_dict, events_from_json
 
 if TYPE_CHECKING:
+    from rlslice.config import TLSConfig
     from rlslice.planner.profile import WorkloadProfile
-
-DEFAULT_SCHEDULER = "127.0.0.1:50551"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--state-bytes",
+        type=size,
         help="device state per GPU (256Mi, 16Gi); default: estimated from the switches",
     )
     parser.add_argument("--max-slowdown", type=float, help="the slowdown the job(s) accept")
@@ -51,27 +51,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--save-log", type=Path, metavar="EVENTS.json", help="with --watch: also save the events"
     )
-    parser.add_argument(
-        "--scheduler",
-        default=os.environ.get("RLSLICE_SCHEDULER", DEFAULT_SCHEDULER),
-        help="scheduler address host:port (env RLSLICE_SCHEDULER)",
-    )
-    parser.add_argument(
-        "--token", default=os.environ.get("RLSLICE_TOKEN", ""), help="bearer token (env)"
-    )
+    add_connection_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
-    from rlslice.planner.profile import dump_profiles, parse_bytes, profiles_from_events
+    from rlslice.planner.profile import dump_profiles, profiles_from_events
 
-    try:
-        state = None if args.state_bytes is None else parse_bytes(args.state_bytes)
-    except ValueError as error:
-        print(f"profile: --state-bytes: {error}", file=sys.stderr)
-        return 2
     if args.from_log is not None:
         try:
             events = events_from_json(json.loads(args.from_log.read_text()))
@@ -89,9 +77,22 @@ def run(args: argparse.Namespace) -> int:
             print("profile: --seconds: must be positive", file=sys.stderr)
             return 2
         try:
-            events = asyncio.run(watch_events(args.scheduler, args.watch, args.seconds, args.token))
+            connection = connection_from(args)
         except RlsliceError as error:
-            print(f"profile: {args.scheduler}: {error}", file=sys.stderr)
+            print(f"profile: {error}", file=sys.stderr)
+            return 2
+        try:
+            events = asyncio.run(
+                watch_events(
+                    connection.address,
+                    args.watch,
+                    args.seconds,
+                    connection.token or "",
+                    tls=connection.tls,
+                )
+            )
+        except RlsliceError as error:
+            print(f"profile: {connection.address}: {error}", file=sys.stderr)
             return 1
         group, source = args.watch, f"watch {args.watch}"
         if args.save_log is not None:
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             events,
             jobs=args.job,
             source=source,
-            state_bytes=state,
+            state_bytes=args.state_bytes,
             max_slowdown=args.max_slowdown,
         )
     except (ValidationError, ValueError) as error:
@@ -139,7 +140,14 @@ def print_summary(profiles: tuple[WorkloadProfile, ...], *, file: TextIO) -> Non
             print(f"  {phase.kind} {phase.name:<20} {phase.seconds:8.3f} s  {tail}", file=file)
 
 
-async def watch_events(address: str, group: str, seconds: float, token: str = "") -> list[Event]:
+async def watch_events(
+    address: str,
+    group: str,
+    seconds: float,
+    token: str = "",
+    *,
+    tls: TLSConfig | None = None,
+) -> list[Event]:
     """The events of `group` the scheduler's `Watch` streams within `seconds` (the initial
     SNAPSHOT messages left out). Raises an rlslice error on RPC failure."""
     import asyncio
@@ -159,7 +167,7 @@ async def watch_events(address: str, group: str, seconds: float, token: str = ""
             if event.kind != "SNAPSHOT":
                 events.append(event)
 
-    async with open_channel(address, token=token or None) as channel:
+    async with open_channel(address, tls=tls, token=token or None) as channel:
         stub = cast(
             "scheduler_pb2_grpc.SchedulerAsyncStub", scheduler_pb2_grpc.SchedulerStub(channel)
         )
