@@ -22,6 +22,8 @@ SCHEDULER: dict[str, tuple[str, frozenset[str]]] = {
     "rlslice_scheduler_groups": ("gauge", frozenset()),
     "rlslice_scheduler_agents": ("gauge", frozenset()),
     "rlslice_scheduler_lock_only_registrations_total": ("counter", frozenset({"group"})),
+    "rlslice_scheduler_store_refusals_total": ("counter", frozenset()),
+    "rlslice_scheduler_store_healthy": ("gauge", frozenset()),
 }
 
 AGENT: dict[str, tuple[str, frozenset[str]]] = {
