@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, cast
 
@@ -147,9 +148,12 @@ async def watch_events(
     token: str = "",
     *,
     tls: TLSConfig | None = None,
+    on_message: Callable[[Event], None] | None = None,
 ) -> list[Event]:
     """The events of `group` the scheduler's `Watch` streams within `seconds` (the initial
-    SNAPSHOT messages left out). Raises an rlslice error on RPC failure."""
+    SNAPSHOT messages left out). `on_message` sees every message as it arrives, SNAPSHOTs
+    included (a caller can tell that the stream is open). Raises an rlslice error on RPC
+    failure."""
     import asyncio
 
     import grpc
@@ -164,6 +168,8 @@ async def watch_events(
     async def read(stub: scheduler_pb2_grpc.SchedulerAsyncStub) -> None:
         async for message in stub.Watch(scheduler_pb2.WatchRequest(group=group)):
             event = event_from_proto(message)
+            if on_message is not None:
+                on_message(event)
             if event.kind != "SNAPSHOT":
                 events.append(event)
 
