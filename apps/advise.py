@@ -256,8 +256,9 @@ def group_config_yaml(specs: list[Any]) -> str:
 
 
 def _slowdowns(score: GroupScore) -> str:
-    mark = "" if score.simulated or len(score.jobs) == 1 else ">="
-    return ", ".join(f"{mark}{s:.2f}x" for s in score.slowdowns)
+    if not score.simulated and len(score.jobs) > 1:
+        return f"largest >= {max(score.slowdowns):.2f}x"
+    return ", ".join(f"{s:.2f}x" for s in score.slowdowns)
 
 
 def print_advice(advice: Advice, names: list[str], hardware: Hardware, *, top: int) -> None:

@@ -78,7 +78,8 @@ class GroupScore:
     busy_fraction: float
     """Predicted GPU busy fraction of the group, time-sliced."""
     slowdowns: tuple[float, ...]
-    """Each job's predicted slowdown (in `jobs` order)."""
+    """Each job's predicted slowdown (in `jobs` order). Not simulated: the group's demand
+    (its GPU fractions' sum), a lower bound on the largest slowdown, for every job."""
     switches_per_hour: float
     gpu_seconds_per_hour: float
     """GPU-phase seconds an hour of the group runs."""
@@ -191,7 +192,7 @@ class _Scorer:
             result = GroupScore(
                 ordered,
                 min(1.0, demand),
-                tuple(demand for _ in ordered),
+                tuple(max(1.0, demand) for _ in ordered),
                 0.0,
                 3600 * min(1.0, demand),
                 tuple(problems),
