@@ -18,8 +18,11 @@ import jsonpatch
 import kopf
 
 from rlslice._errors import FailedPreconditionError, InvalidArgumentError, RlsliceError
+from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
+from rlslice.operator.access import admission_refusal, needs_namespace_labels
 from rlslice.operator.mutation import GROUP_LABEL, mutate
+from rlslice.operator.namespaces import NamespaceLabels
 from rlslice.operator.reconcile import (
     DeleteGroup,
     PutGroup,
@@ -149,6 +152,19 @@ def build_registry(
             # Read by the webhook: the group a pod names, without an API call per admission.
             return {name: {"spec": dict(body.get("spec") or {})}}
 
+        labels_holder: dict[str, NamespaceLabels] = {}
+
+        def namespace_labels() -> NamespaceLabels:
+            # Opened inside the operator's event loop, at the first selector to check.
+            if "labels" not in labels_holder:
+                labels_holder["labels"] = NamespaceLabels(KubeAPI.from_environment())
+            return labels_holder["labels"]
+
+        @kopf.on.cleanup(registry=registry)
+        async def close_namespace_labels(**_: Any) -> None:
+            if "labels" in labels_holder:
+                await labels_holder.pop("labels").close()
+
         @kopf.on.mutate(
             "v1",
             "pods",
@@ -163,6 +179,15 @@ def build_registry(
             # pure function skips them again when the object names its namespace.
             name = (body.metadata.labels or {}).get(GROUP_LABEL, "")
             group = next(iter(groups.get(name, [])), None)
+            namespace = str(body.metadata.namespace or "")
+            if namespace in config.injection.skip_namespaces:
+                return
+            labels = None
+            if needs_namespace_labels(group, namespace):
+                labels = await namespace_labels().get(namespace)
+            refusal = admission_refusal(name, group, namespace, labels)
+            if refusal is not None:
+                raise kopf.AdmissionError(refusal, code=403)
             ops = mutate(dict(body), group, config.injection)
             if ops:
                 # kopf diffs the transformed body against the original into the response's

@@ -27,7 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlslice._errors import InvalidArgumentError
 from rlslice._ids import MAX_ID_LENGTH, is_valid_id
+from rlslice.operator.spec import node_labels
 
 GROUP_LABEL = "rlslice.dev/group"
 JOB_LABEL = "rlslice.dev/job"
@@ -116,7 +118,7 @@ def mutate(
     volumes = _volumes(settings, sim=sim)
     ops += _append_missing("/spec", "volumes", spec.get("volumes"), volumes, key="name")
 
-    selector = ((group or {}).get("spec") or {}).get("nodeSelector") or {}
+    selector = _node_labels(((group or {}).get("spec") or {}).get("nodeSelector"))
     ops += _merge_map("/spec", "nodeSelector", spec.get("nodeSelector"), selector)
     if settings.gpu_toleration_key:
         toleration = {
@@ -262,3 +264,12 @@ def _add(path: str, value: Any) -> dict[str, Any]:
 def _escape(key: str) -> str:
     """A JSON-pointer token for a map key (RFC 6901)."""
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def _node_labels(selector: Mapping[str, Any] | None) -> dict[str, str]:
+    """The node labels a pod selects from the group's label selector (matchLabels alone
+    when the selector is one the controller refuses: that group is not in the scheduler)."""
+    try:
+        return node_labels(selector)
+    except InvalidArgumentError:
+        return {str(k): str(v) for k, v in ((selector or {}).get("matchLabels") or {}).items()}

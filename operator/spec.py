@@ -3,11 +3,23 @@
 The CRD's schema already bounds every field; this conversion re-validates through the
 shared pydantic model, so a spec that slipped past the API server (an older CRD, a client
 without field validation) fails here with a message naming the field, before any call.
+
+The resource follows the API conventions; the scheduler's wire form is unchanged:
+integer `...Seconds` and weights become the model's floats; `headroom` (a quantity: 2Gi,
+500M, bytes) becomes `headroom_bytes`; `nodeSelector` (a label selector) becomes the
+scheduler's label map: `matchLabels`, plus `matchExpressions` of operator In with one
+value (the scheduler matches label equality; other requirements are refused with a
+message naming them rather than widened into a group of more nodes).
+`namespaces` and `namespaceSelector` stay in the resource: the webhook applies them
+(`rlslice.operator.access`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,6 +35,71 @@ PLURAL = "timeslicegroups"
 #: The CRD's defaults, applied when the API server did not (a missing or older CRD).
 DEFAULT_BACKEND = "cuda"
 
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_FACTORS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+def parse_quantity(value: object, field: str) -> int:
+    """Bytes of a Kubernetes quantity (`2Gi`, `1.5G`, `500M`, `1024`), rounded up."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{field}: {value!r} is not a quantity")
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidArgumentError(f"{field}: {value} is negative")
+        return value
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        raise InvalidArgumentError(
+            f"{field}: {value!r} is not a quantity (like 2Gi, 500M or a number of bytes)"
+        )
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation:  # pragma: no cover - the pattern admits decimals only
+        raise InvalidArgumentError(f"{field}: {value!r} is not a quantity") from None
+    return math.ceil(number * _FACTORS[match.group(2) or ""])
+
+
+def node_labels(selector: Mapping[str, Any] | None) -> dict[str, str]:
+    """The label map the scheduler matches, from the label selector `spec.nodeSelector`."""
+    if not selector:
+        return {}
+    labels = {str(k): str(v) for k, v in (selector.get("matchLabels") or {}).items()}
+    for index, item in enumerate(selector.get("matchExpressions") or ()):
+        where = f"spec.nodeSelector.matchExpressions[{index}]"
+        values = list(item.get("values") or ())
+        if item.get("operator") != "In" or len(values) != 1:
+            raise InvalidArgumentError(
+                f"{where}: only operator In with one value is supported for nodes (the "
+                f"scheduler matches node labels by equality); got {item.get('operator')} "
+                f"{values}"
+            )
+        key = str(item.get("key", ""))
+        if labels.get(key, values[0]) != values[0]:
+            raise InvalidArgumentError(f"{where}: {key} contradicts matchLabels")
+        labels[key] = str(values[0])
+    return labels
+
+
+def _integer(spec: Mapping[str, Any], key: str, default: int) -> float:
+    value = spec.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"spec.{key}: {value!r} is not a whole number of seconds")
+    return float(value)
+
 
 def group_spec(name: str, spec: Mapping[str, Any]) -> GroupSpec:
     """The scheduler spec of the TimeSliceGroup `name` with `spec` (the resource's `.spec`).
@@ -35,18 +112,20 @@ def group_spec(name: str, spec: Mapping[str, Any]) -> GroupSpec:
         return GroupSpec(
             name=name,
             policy=spec.get("policy", "fifo"),
-            lease_seconds=float(spec.get("leaseSeconds", 30.0)),
-            max_hold_seconds=float(spec.get("maxHoldSeconds", 0.0)),
-            yield_grace_seconds=float(spec.get("yieldGraceSeconds", 10.0)),
+            lease_seconds=_integer(spec, "leaseSeconds", 30),
+            max_hold_seconds=_integer(spec, "maxHoldSeconds", 0),
+            yield_grace_seconds=_integer(spec, "yieldGraceSeconds", 10),
             backend=spec.get("backend", DEFAULT_BACKEND),
             backend_options={str(k): str(v) for k, v in (spec.get("backendOptions") or {}).items()},
-            headroom_bytes=int(spec.get("headroomBytes", 0)),
+            headroom_bytes=parse_quantity(spec.get("headroom", 0), "spec.headroom"),
             jobs=jobs,
-            node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+            node_selector=node_labels(spec.get("nodeSelector")),
             require_agent_registration=spec.get("requireAgentRegistration", False),
         )
     except ValidationError as error:
         raise InvalidArgumentError(_first_error(error, "spec.")) from None
+    except InvalidArgumentError:
+        raise
     except (TypeError, ValueError) as error:
         raise InvalidArgumentError(f"spec: {error}") from None
 
@@ -57,13 +136,21 @@ def _job(index: int, job: Mapping[str, Any]) -> JobSpec:
         return JobSpec(
             name=job.get("name", ""),
             priority=int(job.get("priority", 0)),
-            weight=float(job.get("weight", 1.0)),
+            weight=float(_whole(job.get("weight", 1), f"{where}weight")),
             backend=str(job.get("backend", "")),
         )
     except ValidationError as error:
         raise InvalidArgumentError(_first_error(error, where)) from None
+    except InvalidArgumentError:
+        raise
     except (TypeError, ValueError, AttributeError) as error:
         raise InvalidArgumentError(f"{where.rstrip('.')}: {error}") from None
+
+
+def _whole(value: object, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{field}: {value!r} is not a whole number")
+    return value
 
 
 def _unique_jobs(jobs: tuple[JobSpec, ...]) -> None:
@@ -79,7 +166,7 @@ _FIELD_NAMES = {
     "max_hold_seconds": "maxHoldSeconds",
     "yield_grace_seconds": "yieldGraceSeconds",
     "backend_options": "backendOptions",
-    "headroom_bytes": "headroomBytes",
+    "headroom_bytes": "headroom",
     "node_selector": "nodeSelector",
     "require_agent_registration": "requireAgentRegistration",
 }

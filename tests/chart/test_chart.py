@@ -46,7 +46,12 @@ from .conftest import (
     run_helm,
 )
 
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "CustomResourceDefinition",
+}
 CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule", "Certificate", "Issuer"}
 K8S_VERSION = kubernetes_validate.latest_version()
 

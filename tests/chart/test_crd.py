@@ -1,4 +1,5 @@
-"""The TimeSliceGroup CRD (charts/rlslice/crds/, the file Helm installs) and the examples.
+"""The TimeSliceGroup CRD (charts/rlslice/files/crds/, which templates/crd.yaml renders)
+and the examples.
 
 - the CRD is valid Kubernetes (kubernetes-validate strict) and structural: every object
   says its type, no `additionalProperties: false` beside `properties` (forbidden in CRDs)
@@ -8,6 +9,10 @@
 - the example workloads are valid Kubernetes and carry the group and job labels
 - the example group converts into a scheduler GroupSpec
 - status written by the operator's `status_for` validates against the status schema
+- conventions: integer seconds and weights (floats refused), headroom a quantity, node and
+  namespace label selectors, a Ready printer column; status phase and condition type are
+  open strings (a newer operator may add values); a condition needs all five standard
+  fields and a CamelCase reason
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from rlslice.operator.reconcile import SchedulerView, status_for
 from rlslice.operator.spec import group_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = yaml.safe_load((ROOT / "charts/rlslice/crds/timeslicegroups.rlslice.dev.yaml").read_text())
+CRD = yaml.safe_load(
+    (ROOT / "charts/rlslice/files/crds/timeslicegroups.rlslice.dev.yaml").read_text()
+)
 EXAMPLES = ROOT / "examples" / "kubernetes"
 VERSION = CRD["spec"]["versions"][0]
 SCHEMA = VERSION["schema"]["openAPIV3Schema"]
@@ -79,7 +86,9 @@ def test_the_crd_names_printer_columns_status_and_short_name() -> None:
     columns = [
         c["name"].upper() for c in VERSION["additionalPrinterColumns"] if not c.get("priority")
     ]
-    assert columns == ["HOLDER", "QUEUE", "BUSY", "BACKEND", "AGE"]
+    assert columns == ["READY", "HOLDER", "QUEUE", "BUSY", "BACKEND", "AGE"]
+    (ready,) = [c for c in VERSION["additionalPrinterColumns"] if c["name"] == "Ready"]
+    assert ready["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     assert VERSION["subresources"] == {"status": {}}
     assert CRD["spec"]["names"]["shortNames"] == ["tsg"]
     assert CRD["spec"]["names"]["plural"] == "timeslicegroups"
@@ -102,10 +111,19 @@ def test_the_example_group_validates_and_converts() -> None:
         ({"backend": "gpu"}, "gpu"),
         ({"leaseSeconds": 0}, "0"),
         ({"leaseSeconds": 4000}, "4000"),
-        ({"headroomBytes": -1}, "-1"),
+        ({"headroom": "-1"}, "-1"),
+        ({"headroom": "2 GB"}, "2 GB"),
+        ({"headroomBytes": 1024}, "headroomBytes"),
+        ({"leaseSeconds": 1.5}, "1.5"),
+        ({"maxHoldSeconds": 0.5}, "0.5"),
+        ({"jobs": [{"name": "a", "weight": 0.5}]}, "0.5"),
+        ({"namespaces": ["Team_A"]}, "Team_A"),
+        ({"nodeSelector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}, "Near"),
+        ({"namespaceSelector": {"matchLabels": {"a": 1}}}, "1"),
         ({"jobs": [{"name": "Trainer"}]}, "Trainer"),
         ({"jobs": [{"name": "a", "wieght": 2}]}, "wieght"),
-        ({"nodeSelector": {"a": 1}}, "1"),
+        ({"nodeSelector": {"matchLabels": {"a": 1}}}, "1"),
+        ({"nodeSelector": {"gpu": "h200"}}, "gpu"),
     ],
 )
 def test_a_bad_group_spec_is_refused_by_the_schema(change: dict[str, Any], where: str) -> None:
@@ -138,3 +156,53 @@ def test_the_status_the_operator_writes_fits_the_status_schema() -> None:
         ),
     ):
         VALIDATOR.validate({**example("group.yaml"), "status": status})
+
+
+def test_a_group_with_selectors_and_quantities_validates() -> None:
+    group = example("group.yaml")
+    group["spec"].update(
+        nodeSelector={
+            "matchLabels": {"rlslice.dev/pool": "rl"},
+            "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+        },
+        namespaceSelector={"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+        headroom=536870912,
+    )
+    VALIDATOR.validate(group)
+
+
+STATUS_CONDITION = {
+    "type": "Ready",
+    "status": "True",
+    "reason": "InScheduler",
+    "message": "",
+    "lastTransitionTime": "2025-01-01T00:00:00Z",
+}
+
+
+def test_status_fields_a_newer_operator_may_extend_are_not_enums() -> None:
+    status = {
+        "phase": "Draining",  # a phase this operator does not know yet
+        "conditions": [{**STATUS_CONDITION, "type": "Preempting"}],
+    }
+    VALIDATOR.validate({**example("group.yaml"), "status": status})
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"reason": "in scheduler"}, "in scheduler"),
+        ({"reason": ""}, "reason"),
+        ({"status": "Yes"}, "Yes"),
+        ({"lastTransitionTime": None}, "lastTransitionTime"),
+        ({"message": None}, "message"),
+    ],
+)
+def test_a_condition_needs_all_five_standard_fields_and_a_camelcase_reason(
+    change: dict[str, Any], where: str
+) -> None:
+    condition = {**STATUS_CONDITION, **change}
+    condition = {k: v for k, v in condition.items() if v is not None}
+    with pytest.raises(jsonschema.ValidationError) as raised:
+        VALIDATOR.validate({**example("group.yaml"), "status": {"conditions": [condition]}})
+    assert where in str(raised.value.message) + str(list(raised.value.path))

@@ -26,7 +26,7 @@ from rlslice.operator.settings import OperatorConfig, Role, WebhookSettings
 from rlslice.scheduler import SchedulerSettings, start_scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "charts/rlslice/crds/timeslicegroups.rlslice.dev.yaml"
+CRD_FILE = ROOT / "charts/rlslice/files/crds/timeslicegroups.rlslice.dev.yaml"
 TSG = "rlslice.dev/v1alpha1/timeslicegroups"
 TSG_URL = "/apis/rlslice.dev/v1alpha1/timeslicegroups"
 ADMIN_TOKEN = "admin-token-for-tests"

@@ -36,7 +36,7 @@ SETTINGS = InjectionSettings(
     token_secret="rlslice-job-token",
     skip_namespaces=frozenset({"kube-system", "kube-public", "kube-node-lease", "rlslice"}),
 )
-GROUP = {"spec": {"nodeSelector": {"rlslice.dev/pool": "h200", "gpu": "yes"}}}
+GROUP = {"spec": {"nodeSelector": {"matchLabels": {"rlslice.dev/pool": "h200", "gpu": "yes"}}}}
 
 
 def pod(**overrides: Any) -> dict[str, Any]:

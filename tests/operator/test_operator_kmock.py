@@ -73,7 +73,9 @@ def ready(k8s: kmock.KubernetesEmulator, name: str) -> dict[str, Any] | None:
 async def test_a_created_group_reaches_the_scheduler_and_reports_status(
     k8s: kmock.KubernetesEmulator, scheduler: Scheduler, operator: Operator
 ) -> None:
-    await k8s.post(TSG_URL, json=group(nodeSelector={"gpu": "h200"}))
+    await k8s.post(
+        TSG_URL, json=group(nodeSelector={"matchLabels": {"gpu": "h200"}}, namespaces=["rl"])
+    )
     status = await eventually(lambda: scheduler_group(scheduler, "rl-a"), what="group put")
     assert status.spec.backend == "sim"
     assert dict(status.spec.node_selector) == {"gpu": "h200"}
@@ -164,7 +166,9 @@ async def test_the_timer_puts_back_a_group_the_scheduler_lost(
 async def test_a_pod_admission_request_gets_the_patch_mutate_computes(
     k8s: kmock.KubernetesEmulator, operator: Operator
 ) -> None:
-    await k8s.post(TSG_URL, json=group(nodeSelector={"gpu": "h200"}))
+    await k8s.post(
+        TSG_URL, json=group(nodeSelector={"matchLabels": {"gpu": "h200"}}, namespaces=["rl"])
+    )
     await eventually(lambda: ready(k8s, "rl-a"), what="Ready status")
     pod = {
         "apiVersion": "v1",
@@ -204,7 +208,7 @@ async def test_a_pod_admission_request_gets_the_patch_mutate_computes(
         pod,
         mutate(
             pod,
-            {"spec": {"nodeSelector": {"gpu": "h200"}, "backend": "sim"}},
+            {"spec": {"nodeSelector": {"matchLabels": {"gpu": "h200"}}, "backend": "sim"}},
             operator.config.injection,
         ),
     )

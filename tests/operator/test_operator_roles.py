@@ -73,7 +73,9 @@ class TestTheWebhookRole:
     async def test_it_admits_pods_with_the_group_and_never_writes_the_group(
         self, k8s: kmock.KubernetesEmulator, scheduler: Scheduler, operator: Operator
     ) -> None:
-        await k8s.post(TSG_URL, json=group(nodeSelector={"gpu": "h200"}))
+        await k8s.post(
+            TSG_URL, json=group(nodeSelector={"matchLabels": {"gpu": "h200"}}, namespaces=["rl"])
+        )
 
         async def selected() -> dict[str, Any] | None:
             body = review()

@@ -1,8 +1,11 @@
 """TimeSliceGroup spec -> scheduler GroupSpec.
 
 Cases: a full spec maps every field; an empty spec takes the CRD's defaults; each bad
-field fails with InvalidArgumentError naming it in the resource's own (camelCase) terms;
-duplicate job names are refused; the result round-trips through the wire form unchanged.
+field fails with InvalidArgumentError naming it in the resource's own (camelCase) terms
+(floats where whole seconds or weights belong, bad quantities, node selector requirements
+the scheduler cannot match); duplicate job names are refused; quantities convert in both
+unit systems (rounded up to a byte); the node label selector becomes the scheduler's label
+map; the result round-trips through the wire form unchanged.
 """
 
 from __future__ import annotations
@@ -19,14 +22,18 @@ def test_a_full_spec_maps_every_field() -> None:
     spec = group_spec(
         "rl-a",
         {
-            "nodeSelector": {"gpu": "h200"},
+            "nodeSelector": {
+                "matchLabels": {"gpu": "h200"},
+                "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+            },
+            "namespaces": ["rl"],
             "policy": "priority",
             "leaseSeconds": 20,
             "maxHoldSeconds": 600,
             "yieldGraceSeconds": 5,
             "backend": "app",
             "backendOptions": {"chunk": "64Mi"},
-            "headroomBytes": 1024,
+            "headroom": "1Ki",
             "jobs": [{"name": "trainer", "priority": 5, "weight": 2, "backend": "cuda"}],
         },
     )
@@ -40,7 +47,7 @@ def test_a_full_spec_maps_every_field() -> None:
         backend_options={"chunk": "64Mi"},
         headroom_bytes=1024,
         jobs=(JobSpec(name="trainer", priority=5, weight=2.0, backend="cuda"),),
-        node_selector={"gpu": "h200"},
+        node_selector={"gpu": "h200", "zone": "a"},
     )
 
 
@@ -64,12 +71,31 @@ def test_an_empty_spec_takes_the_crd_defaults() -> None:
         ("rl-a", {"leaseSeconds": 7200}, "spec.leaseSeconds:"),
         ("rl-a", {"maxHoldSeconds": -1}, "spec.maxHoldSeconds:"),
         ("rl-a", {"backend": "gpu"}, "spec.backend:"),
-        ("rl-a", {"headroomBytes": -5}, "spec.headroomBytes:"),
+        ("rl-a", {"headroom": -5}, "spec.headroom:"),
+        ("rl-a", {"headroom": "2 GB"}, "spec.headroom:"),
+        ("rl-a", {"leaseSeconds": 2.5}, "spec.leaseSeconds:"),
+        ("rl-a", {"yieldGraceSeconds": 1.5}, "spec.yieldGraceSeconds:"),
+        ("rl-a", {"jobs": [{"name": "a", "weight": 0.5}]}, "spec.jobs[0].weight:"),
+        (
+            "rl-a",
+            {"nodeSelector": {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}},
+            "spec.nodeSelector.matchExpressions[0]:",
+        ),
+        (
+            "rl-a",
+            {
+                "nodeSelector": {
+                    "matchLabels": {"gpu": "h200"},
+                    "matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}],
+                }
+            },
+            "spec.nodeSelector.matchExpressions[0]:",
+        ),
         ("rl-a", {"jobs": [{"name": "Trainer"}]}, "spec.jobs[0].name:"),
         ("rl-a", {"jobs": [{"name": "a"}, {"name": "b", "weight": 0}]}, "spec.jobs[1].weight:"),
         ("rl-a", {"jobs": [{"name": "a", "backend": "tpu"}]}, "spec.jobs[0].backend:"),
         ("rl-a", {"jobs": [{"name": "a"}, {"name": "a"}]}, "spec.jobs[1].name:"),
-        ("rl-a", {"leaseSeconds": "soon"}, "spec:"),
+        ("rl-a", {"leaseSeconds": "soon"}, "spec.leaseSeconds:"),
         ("Bad_Name", {}, "metadata.name:"),
     ],
 )
@@ -84,3 +110,20 @@ def test_a_bad_field_is_refused_with_its_name(name: str, spec: dict, field: str)
 def test_the_spec_round_trips_through_the_wire_form() -> None:
     spec = group_spec("rl-a", {"policy": "fair", "jobs": [{"name": "a", "weight": 3}]})
     assert group_spec_from_proto(group_spec_to_proto(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        (0, 0),
+        (1536, 1536),
+        ("1536", 1536),
+        ("2Gi", 2 * 2**30),
+        ("1.5Gi", 3 * 2**29),
+        ("500M", 500 * 10**6),
+        ("1k", 1000),
+        ("0.5", 1),  # a byte is the smallest unit: rounded up
+    ],
+)
+def test_a_headroom_quantity_becomes_bytes(quantity: object, expected: int) -> None:
+    assert group_spec("rl-a", {"headroom": quantity}).headroom_bytes == expected
