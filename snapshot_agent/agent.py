@@ -101,7 +101,45 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         metrics=metrics,
     )
     await engine.start()
+    grpc_server, local_server, relay = await _serve(settings, engine)
+    endpoint = (
+        serve_metrics(metrics.registry, host_of(settings.address), settings.metrics_port)
+        if settings.metrics_port is not None
+        else None
+    )
+    advertised = _advertise(settings, grpc_server.port)
+    running = RunningAgent(
+        settings=settings,
+        address=grpc_server.address,
+        advertised=advertised,
+        socket_path=settings.socket_path,
+        node=settings.node,
+        engine=engine,
+        metrics=metrics,
+        metrics_port=endpoint.port if endpoint is not None else None,
+        scheduler_link=_link(
+            settings, engine, running_address=_advertise(settings, grpc_server.port)
+        ),
+        _grpc=grpc_server,
+        _local_server=local_server,
+        _relay=relay,
+        _metrics=endpoint,
+    )
+    log.info(
+        "agent %s: Agent on %s, LocalAgent on %s, backend %s",
+        settings.node,
+        running.address,
+        settings.socket_path,
+        settings.backend,
+    )
+    return running
 
+
+async def _serve(
+    settings: AgentSettings, engine: AgentEngine
+) -> tuple[GrpcServer, grpc.aio.Server, PeerCredRelay]:
+    """The Agent service on TCP and LocalAgent behind the credential relay, both serving;
+    on failure everything started is stopped and the engine closed."""
     grpc_server = await GrpcServer.create(
         tokens={Role.AGENT: settings.token},
         methods=METHOD_ROLES,
@@ -110,14 +148,12 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         options=[("grpc.so_reuseport", 0)],
     )
     agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(engine), grpc_server.server)
-
     relay = PeerCredRelay(settings.socket_path, settings.socket_mode)
     local_server = grpc.aio.server(options=SERVER_OPTIONS)
     agent_pb2_grpc.add_LocalAgentServicer_to_server(LocalAgentServicer(engine, relay), local_server)
     local_server.add_insecure_port(relay.internal_address)
-
     try:
-        address = await grpc_server.start(settings.address, settings.tls)
+        await grpc_server.start(settings.address, settings.tls)
     except BaseException:
         await engine.close()
         raise
@@ -130,49 +166,27 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         await engine.close()
         raise
     await grpc_server.set_serving(True)
-    endpoint = (
-        serve_metrics(metrics.registry, host_of(settings.address), settings.metrics_port)
-        if settings.metrics_port is not None
-        else None
-    )
-    running = RunningAgent(
-        settings=settings,
-        address=address,
-        advertised=_advertise(settings, grpc_server.port),
-        socket_path=settings.socket_path,
-        node=settings.node,
-        engine=engine,
-        metrics=metrics,
-        metrics_port=endpoint.port if endpoint is not None else None,
-        scheduler_link=None,
-        _grpc=grpc_server,
-        _local_server=local_server,
-        _relay=relay,
-        _metrics=endpoint,
-    )
-    if settings.scheduler:
+    return grpc_server, local_server, relay
 
-        async def request() -> scheduler_pb2.RegisterAgentRequest:
-            view = await engine.status()
-            return scheduler_pb2.RegisterAgentRequest(
-                node=settings.node,
-                address=running.advertised,
-                backends=list(view.backends),
-                device_total_bytes=[d.total_bytes for d in view.devices],
-                host_available_bytes=view.host_available,
-                labels=dict(settings.labels),
-            )
 
-        link = SchedulerLink(
-            settings.scheduler, request, tls=settings.scheduler_tls, token=settings.token
+def _link(settings: AgentSettings, engine: AgentEngine, advertised: str) -> SchedulerLink | None:
+    """The started registration loop with the scheduler, or None when none is configured."""
+    if not settings.scheduler:
+        return None
+
+    async def request() -> scheduler_pb2.RegisterAgentRequest:
+        view = await engine.status()
+        return scheduler_pb2.RegisterAgentRequest(
+            node=settings.node,
+            address=advertised,
+            backends=list(view.backends),
+            device_total_bytes=[d.total_bytes for d in view.devices],
+            host_available_bytes=view.host_available,
+            labels=dict(settings.labels),
         )
-        link.start()
-        running.scheduler_link = link
-    log.info(
-        "agent %s: Agent on %s, LocalAgent on %s, backend %s",
-        settings.node,
-        address,
-        settings.socket_path,
-        settings.backend,
+
+    link = SchedulerLink(
+        settings.scheduler, request, tls=settings.scheduler_tls, token=settings.token
     )
-    return running
+    link.start()
+    return link
