@@ -335,6 +335,9 @@ class ElectedScheduler:
             )
         )
         self.running.metrics.registry.register(_LeaderCollector(1.0))
+        store = self.running.engine.store
+        if hasattr(store, "fence"):  # KubernetesStore: no write once the Lease is lost
+            store.fence = lambda: self.elector.leading
         log.info("leading %s as %s", self.elector.name, self.elector.identity)
         self._changed.set()
 

@@ -41,9 +41,11 @@ Configure = Callable[[Any], Awaitable[None]]
 class KubeError(Exception):
     """A Kubernetes API call failed; `status` is the HTTP status (0: no answer)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(f"kubernetes API: HTTP {status}: {message}"[:500])
         self.status = status
+        self.retry_after = retry_after
+        """Seconds the server asked to wait (429, 503: its Retry-After), else None."""
 
 
 class TokenFile:
@@ -223,7 +225,7 @@ class KubeAPI:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise KubeError(0, str(error) or type(error).__name__) from None
         if response.status // 100 != 2:
-            raise KubeError(response.status, text)
+            raise KubeError(response.status, text, retry_after=_retry_after(response))
         return json.loads(text) if text else {}
 
     async def watch(
@@ -271,6 +273,13 @@ class KubeAPI:
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()
+
+
+def _retry_after(response: Any) -> float | None:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
 
 
 def _expired(expiry: datetime.datetime) -> bool:

@@ -9,7 +9,18 @@ a config file or a CLI); and the status has one writer already, the operator.
 
 Writes never block the event loop: `save_group` records the newest state per group and a
 background task writes it (the latest call wins; a failed write is retried). `flush()`
-returns once everything recorded is written. `KubeAPI` (from the shared kernel,
+returns once everything recorded is written.
+
+When the API server refuses or does not answer (409 from a create race, 429 or 503 with
+Retry-After, 500, a timeout), the write is retried with a backoff (at least the server's
+Retry-After, at most 5 s) and `error` says why until a write succeeds again (the
+scheduler's `rlslice_scheduler_store_healthy` gauge reads it). The store has no `commit()`:
+an HTTP write cannot finish inside the engine's synchronous commit, so with this store a
+grant does not wait for its state to be written.
+
+`fence` (set by leader election) is asked before every write: a replica that lost the
+Lease writes nothing more (its unwritten states are dropped with an error in the log), so
+a deposed leader's late flush can never overwrite what the new leader stored. `KubeAPI` (from the shared kernel,
 `rlslice.adapters.kube`, on `kubernetes_asyncio`) is the client this store, the leader
 election and the agent's Kubernetes mode share; it is re-exported here.
 """
@@ -19,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -50,6 +62,10 @@ class KubernetesStore:
         self._idle.set()
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
+        self.error: str | None = None
+        """Why the last write failed; None once a write succeeded."""
+        self.fence: Callable[[], bool] | None = None
+        """Asked before every write; False: this replica may no longer write."""
 
     @classmethod
     def from_spec(cls, spec: str) -> KubernetesStore:
@@ -171,14 +187,27 @@ class KubernetesStore:
             await self._wake.wait()
             self._wake.clear()
             while self._dirty or self._agents_dirty:
+                if self.fence is not None and not self.fence():
+                    self._drop_unwritten()
+                    break
                 try:
                     await self._write_once()
                     backoff = 0.1
+                    self.error = None
                 except KubeError as error:
-                    log.warning("kubernetes store: %s; retrying in %.1fs", error, backoff)
-                    await asyncio.sleep(backoff)
+                    self.error = str(error)
+                    wait = min(max(backoff, error.retry_after or 0.0), 30.0)
+                    log.warning("kubernetes store: %s; retrying in %.1fs", error, wait)
+                    await asyncio.sleep(wait)
                     backoff = min(backoff * 2, 5.0)
             self._idle.set()
+
+    def _drop_unwritten(self) -> None:
+        lost = len(self._dirty) + int(self._agents_dirty)
+        self._dirty.clear()
+        self._agents_dirty = False
+        self.error = f"not leading any more: {lost} unwritten state(s) dropped"
+        log.error("kubernetes store: %s (the new leader has the store)", self.error)
 
     async def _write_once(self) -> None:
         if self._dirty:
