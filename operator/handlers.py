@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
 
 import jsonpatch
 import kopf
+from kopf._cogs.structs.reviews import Request as AdmissionRequest
+from kopf._cogs.structs.reviews import Response as AdmissionResponse
+from kopf._cogs.structs.reviews import WebhookClientConfig, WebhookFn
 
 from rlslice._errors import FailedPreconditionError, InvalidArgumentError, RlsliceError
 from rlslice.adapters.kube import KubeAPI
@@ -45,6 +48,33 @@ WEBHOOK_ID = "inject"
 log = logging.getLogger(__name__)
 
 
+class NamespacedWebhookServer(kopf.WebhookServer):
+    """kopf's webhook server, with the review's namespace copied into an object that names
+    none (the API server may send a pod being created without `metadata.namespace`; the
+    access rule needs it). kopf diffs against the object it was given, so the copy is never
+    part of the patch."""
+
+    async def __call__(self, fn: WebhookFn) -> AsyncIterator[WebhookClientConfig]:
+        async def with_namespace(
+            request: AdmissionRequest,
+            *,
+            webhook: str | None = None,
+            headers: dict[str, str] | None = None,
+            sslpeer: dict[str, Any] | None = None,
+        ) -> AdmissionResponse:
+            review = cast(dict[str, Any], request.get("request", {}))
+            obj = review.get("object")
+            namespace = review.get("namespace")
+            if isinstance(obj, dict) and namespace:
+                meta = obj.setdefault("metadata", {})
+                if not meta.get("namespace"):
+                    meta["namespace"] = namespace
+            return await fn(request, webhook=webhook, headers=headers, sslpeer=sslpeer)
+
+        async for client_config in super().__call__(with_namespace):
+            yield client_config
+
+
 def operator_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     """kopf settings: our finalizer, progress and diff-base in `rlslice.dev` annotations,
     events only for warnings (the status timer would otherwise post one per sync)."""
@@ -58,7 +88,7 @@ def operator_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings.peering.standalone = True  # one replica, Recreate: no peering resources needed
     settings.admission.managed = None  # the chart owns the MutatingWebhookConfiguration
     if config.admits and config.webhook is not None:
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = NamespacedWebhookServer(
             addr=config.webhook.addr,
             port=config.webhook.port,
             certfile=str(config.webhook.certfile) if config.webhook.certfile else None,

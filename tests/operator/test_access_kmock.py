@@ -6,11 +6,15 @@ Case matrix (group rl-a: namespaces [rl], namespaceSelector team=rl):
 - a pod of namespace research, labelled team=rl (read from the API) -> allowed;
 - a pod of namespace other (neither) -> refused with 403 and a message naming the group
   and the namespace;
-- a pod naming a group that does not exist -> refused, naming it.
+- a pod naming a group that does not exist -> refused, naming it;
+- a pod whose object names no namespace (as the API server may send a pod being created)
+  -> judged by the review's namespace: refused, naming it.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import kmock
@@ -77,3 +81,15 @@ async def test_only_the_namespaces_a_group_names_may_join_it(
     unknown = await admit(operator, review_for("rl", group_name="rl-missing"))
     assert unknown["allowed"] is False
     assert "'rl-missing'" in unknown["status"]["message"]
+
+    unnamed = review_for("other")
+    del unnamed["request"]["object"]["metadata"]["namespace"]
+    refused = await admit(operator, unnamed)
+    assert refused["allowed"] is False
+    assert "'other'" in refused["status"]["message"]
+    listed = review_for("rl")
+    del listed["request"]["object"]["metadata"]["namespace"]
+    answer = await admit(operator, listed)
+    assert answer["allowed"] is True
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    assert "/metadata/namespace" not in {op["path"] for op in ops}  # judged, not changed
