@@ -16,9 +16,8 @@ from typing import Any, cast
 
 import jsonpatch
 import kopf
-from kopf._cogs.structs.reviews import Request as AdmissionRequest
+from kopf._cogs.structs.reviews import Request as AdmissionRequest  # kopf exports no name
 from kopf._cogs.structs.reviews import Response as AdmissionResponse
-from kopf._cogs.structs.reviews import WebhookClientConfig, WebhookFn
 
 from rlslice._errors import FailedPreconditionError, InvalidArgumentError, RlsliceError
 from rlslice.adapters.kube import KubeAPI
@@ -54,7 +53,7 @@ class NamespacedWebhookServer(kopf.WebhookServer):
     access rule needs it). kopf diffs against the object it was given, so the copy is never
     part of the patch."""
 
-    async def __call__(self, fn: WebhookFn) -> AsyncIterator[WebhookClientConfig]:
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         async def with_namespace(
             request: AdmissionRequest,
             *,
