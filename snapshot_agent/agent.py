@@ -118,7 +118,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         metrics=metrics,
         metrics_port=endpoint.port if endpoint is not None else None,
         scheduler_link=_link(
-            settings, engine, running_address=_advertise(settings, grpc_server.port)
+            settings, engine, advertised=_advertise(settings, grpc_server.port)
         ),
         _grpc=grpc_server,
         _local_server=local_server,
