@@ -39,10 +39,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlslice._version import __version__
 
+from . import components
+from .components import TOKENS
 from .conftest import Engine, free_port, run_detached
 
 HERE = Path(__file__).resolve().parent
-TOKENS = {"job": "job-token-image-test", "admin": "admin-token-image-test", "agent": "agt-image"}
 GROUP = "round"
 NODE = "node-a"
 STEPS = 4
@@ -60,17 +61,6 @@ GROUPS_YAML = f"""groups:
 def _read_only(engine: Engine) -> list[str]:
     """readOnlyRootFilesystem; podman would add tmpfs mounts the chart does not have."""
     return ["--read-only", *(["--read-only-tmpfs=false"] if "podman" in engine.binary else [])]
-
-
-def _restricted(engine: Engine) -> list[str]:
-    """The chart's restrictedPod / restrictedContainer (scheduler, operator)."""
-    return [
-        "--user",
-        "65532:65532",
-        *_read_only(engine),
-        "--cap-drop=ALL",
-        "--security-opt=no-new-privileges",
-    ]
 
 
 def _env(**values: str) -> list[str]:
@@ -121,64 +111,35 @@ class ControlPlane:
     def start_scheduler(self) -> None:
         name = self.engine.name("scheduler")
         self.names["scheduler"] = name
+        spec = components.scheduler(self.scheduler, free_port())
         run_detached(
             self.engine,
             name,
             [
-                *_restricted(self.engine),
+                *spec.flags("podman" in self.engine.binary),
                 *("-v", f"{self.store}:/var/lib/rlslice"),
                 *("-v", f"{self.store.parent / 'groups.yaml'}:/etc/rlslice/groups.yaml:ro"),
-                *_env(
-                    RLSLICE_SCHEDULER_ADDRESS=self.scheduler,
-                    RLSLICE_STORE="/var/lib/rlslice/scheduler.db",
-                    RLSLICE_GROUP_CONFIG="/etc/rlslice/groups.yaml",
-                    RLSLICE_METRICS_PORT=str(free_port()),
-                    RLSLICE_METRICS_ADDRESS="127.0.0.1",
-                    RLSLICE_JOB_TOKEN=TOKENS["job"],
-                    RLSLICE_ADMIN_TOKEN=TOKENS["admin"],
-                    RLSLICE_AGENT_TOKEN=TOKENS["agent"],
-                ),
             ],
             self.image,
-            *("--log-level", "INFO", "scheduler"),
+            *spec.args,
         )
         wait_serving(self.scheduler, "rlslice.v1alpha1.Scheduler")
 
     def start_agent(self) -> None:
         name = self.engine.name("agent")
         self.names["agent"] = name
+        spec = components.agent(self.agent, self.scheduler, free_port(), NODE)
         run_detached(
             self.engine,
             name,
             [
-                *("--user", "0:0", "--pid=host", *_read_only(self.engine)),
-                *("--cap-drop=ALL", "--cap-add=SYS_PTRACE", "--cap-add=KILL"),
-                # The sim backend reads and writes the jobs' buffer files (mode 0600, owned
-                # by each job's uid): root needs DAC_OVERRIDE for that, which the chart's
-                # list (SYS_PTRACE, KILL) lacks; without it every snapshot is EACCES.
-                "--cap-add=DAC_OVERRIDE",
-                "--security-opt=no-new-privileges",
-                *("--tmpfs", "/tmp"),
+                *spec.flags("podman" in self.engine.binary),
                 *("-v", f"{self.sockets}:/run/rlslice"),
                 *("-v", f"{self.store.parent / 'agent-state'}:/var/lib/rlslice/agent"),
                 *("-v", "/proc:/host/proc:ro"),
-                *_env(
-                    RLSLICE_AGENT_NODE=NODE,
-                    RLSLICE_AGENT_PROC_ROOT="/host/proc",
-                    RLSLICE_AGENT_ADDRESS=self.agent,
-                    RLSLICE_AGENT_SOCKET="/run/rlslice/agent.sock",
-                    RLSLICE_AGENT_SOCKET_MODE="666",
-                    RLSLICE_AGENT_STATE_DIR="/var/lib/rlslice/agent",
-                    RLSLICE_AGENT_BACKEND="sim",
-                    RLSLICE_AGENT_SIM_ROOT="/run/rlslice/sim",
-                    RLSLICE_AGENT_HOST_RESERVE="0",
-                    RLSLICE_AGENT_SCHEDULER=self.scheduler,
-                    RLSLICE_AGENT_METRICS_PORT=str(free_port()),
-                    RLSLICE_AGENT_TOKEN=TOKENS["agent"],
-                ),
             ],
             self.image,
-            *("--log-level", "INFO", "agent"),
+            *spec.args,
         )
         wait_serving(self.agent, "rlslice.v1alpha1.Agent")
 

@@ -31,6 +31,7 @@ import kmock
 import pytest
 import yaml
 
+from . import components
 from .conftest import Engine, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,20 +182,16 @@ def _kubeconfig(path: Path, port: int) -> Path:
 
 
 async def _start(
-    engine: Engine, image: str, role: str, env: dict[str, str], mounts: list[str], ports: list[str]
+    engine: Engine, image: str, spec: components.Component, mounts: list[str], ports: list[str]
 ) -> str:
-    name = engine.name(role)
+    name = engine.name(spec.deployment)
     flags = [
-        *("--network=slirp4netns:allow_host_loopback=true", "--user", "65532:65532"),
-        *("--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp"),
-        *("--cap-drop=ALL", "--security-opt=no-new-privileges"),
+        "--network=slirp4netns:allow_host_loopback=true",
+        *spec.flags(podman=True),
         *(item for port in ports for item in ("-p", port)),
         *(item for mount in mounts for item in ("-v", mount)),
-        *(item for key, value in env.items() for item in ("-e", f"{key}={value}")),
     ]
-    await asyncio.to_thread(
-        engine, "run", "-d", "--name", name, *flags, image, "--log-level", "INFO", "operator"
-    )
+    await asyncio.to_thread(engine, "run", "-d", "--name", name, *flags, image, *spec.args)
     return name
 
 
@@ -223,21 +220,7 @@ async def test_the_webhook_container_answers_its_probe_and_mutates_a_labelled_po
     name = await _start(
         containers,
         image,
-        "webhook",
-        {
-            "RLSLICE_OPERATOR_ROLE": "webhook",
-            "RLSLICE_OPERATOR_SCHEDULER": f"rls-scheduler.{NAMESPACE}.svc:50551",
-            "RLSLICE_OPERATOR_HEALTH_PORT": "8080",
-            "RLSLICE_OPERATOR_WEBHOOK_PORT": "9443",
-            "RLSLICE_OPERATOR_WEBHOOK_CERT": "/etc/rlslice/webhook/tls.crt",
-            "RLSLICE_OPERATOR_WEBHOOK_KEY": "/etc/rlslice/webhook/tls.key",
-            "RLSLICE_OPERATOR_AGENT_SOCKET_DIR": "/run/rlslice",
-            "RLSLICE_OPERATOR_SIM_ROOT": "/run/rlslice/sim",
-            "RLSLICE_OPERATOR_GPU_TOLERATION_KEY": "nvidia.com/gpu",
-            "RLSLICE_OPERATOR_SKIP_NAMESPACES": NAMESPACE,
-            "RLSLICE_OPERATOR_JOB_TOKEN_SECRET": "rlslice-job-token",
-            "KUBECONFIG": "/etc/kube/config",
-        },
+        components.webhook(NAMESPACE),
         [f"{ca.parent}:/etc/rlslice/webhook:ro", f"{kubeconfig}:/etc/kube/config:ro"],
         [f"127.0.0.1:{health}:8080", f"127.0.0.1:{webhook}:9443"],
     )
@@ -300,22 +283,7 @@ async def test_the_controller_container_answers_its_probe_and_makes_the_tokens_s
     name = await _start(
         containers,
         image,
-        "controller",
-        {
-            "RLSLICE_OPERATOR_ROLE": "controller",
-            "RLSLICE_NAMESPACE": NAMESPACE,
-            "RLSLICE_OPERATOR_SCHEDULER": "10.0.2.2:1",  # no scheduler: groups wait for it
-            "RLSLICE_OPERATOR_STATUS_INTERVAL": "10",
-            "RLSLICE_OPERATOR_DELETE_TIMEOUT": "300",
-            "RLSLICE_OPERATOR_HEALTH_PORT": "8080",
-            "RLSLICE_OPERATOR_WEBHOOK_PORT": "0",
-            "RLSLICE_OPERATOR_WEBHOOK_TLS_SECRET": "rls-webhook-tls",
-            "RLSLICE_OPERATOR_WEBHOOK_NAMES": f"rls-webhook,rls-webhook.{NAMESPACE}.svc",
-            "RLSLICE_OPERATOR_WEBHOOK_CONFIGURATION": "rls-webhook",
-            "RLSLICE_OPERATOR_TOKENS_SECRET": "rls-tokens",
-            "RLSLICE_OPERATOR_JOB_TOKEN_SECRET": "rlslice-job-token",
-            "KUBECONFIG": "/etc/kube/config",
-        },
+        components.controller(NAMESPACE),
         [f"{kubeconfig}:/etc/kube/config:ro"],
         [f"127.0.0.1:{health}:8080"],
     )

@@ -44,7 +44,7 @@ BASE: Alternatives = ((),)
 #: module prefix -> the alternatives of extras installed when it runs (longest prefix wins)
 OWNERS: dict[str, Alternatives] = {
     "rlslice": BASE,  # kernel, protocol, adapters, client, integrations: the base install
-    "rlslice.adapters.kube": (("scheduler",), ("agent",)),
+    "rlslice.adapters.kube": (("scheduler",), ("agent",), ("operator",)),
     "rlslice.adapters.server": (("scheduler",), ("agent",)),
     "rlslice.adapters.tracing": (("tracing",),),
     "rlslice.scheduler": (("scheduler",),),
@@ -55,6 +55,7 @@ OWNERS: dict[str, Alternatives] = {
     "rlslice.planner": (("planner",),),
     "rlslice.testing": (("scheduler", "agent"),),
     "rlslice.apps.demo_worker": (COMMANDS["demo"].extras,),
+    "rlslice.apps.harness": (("scheduler", "agent"),),  # the demo's and benches' processes
     "rlslice.apps.bench": (COMMANDS["bench"].extras,),
     **{cmd.module: (cmd.extras,) for cmd in COMMANDS.values()},
 }

@@ -18,7 +18,12 @@ extras="${EXTRAS:-scheduler,agent,cuda,operator,tracing}"
 slim=docker.io/library/python:3.11-slim-bookworm
 revision="$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)"
 if ! git -C "$root" diff --quiet HEAD 2>/dev/null; then revision="$revision-dirty"; fi
-source_url="${SOURCE:-$(git -C "$root" remote get-url origin 2>/dev/null || echo https://rlslice.dev)}"
+# The git remote when it is a URL (a clone of a local path has none worth a label).
+source_url="${SOURCE:-$(git -C "$root" remote get-url origin 2>/dev/null || true)}"
+case "$source_url" in
+  *://* | git@*) ;;
+  *) source_url=https://rlslice.dev ;;
+esac
 
 base="${BASE:-}"
 if [ -z "$base" ]; then
@@ -42,4 +47,6 @@ fi
   --build-arg "BASE=$base" --build-arg "EXTRAS=$extras" \
   --build-arg "VERSION=$version" --build-arg "REVISION=$revision" \
   --build-arg "SOURCE=$source_url" "${wheel_args[@]}" "$root" >&2
+# The wheels stage's leftover image (podman keeps it untagged): only /wheels was used.
+"$engine" image prune -f --filter label=dev.rlslice.stage=wheels >/dev/null 2>&1 || true
 echo "$image"
