@@ -304,6 +304,7 @@ class AgentEngine:
                 f"group: job {job} is registered in group {entry.record.group} on this node"
             )
         entry.processes.add(ref)
+        entry.gone.clear()
         entry.backend = backend or entry.backend
         entry.modes = tuple(modes) or entry.modes
         entry.tags = tuple(tags) or entry.tags
@@ -353,7 +354,10 @@ class AgentEngine:
             self._watcher.watch(ref)
         entry.processes = set(refs)
         if not refs:
+            entry.gone.set()
             self._spawn(self._drop_if_gone(entry))
+        else:
+            entry.gone.clear()
         return True
 
     def attach_workload(self, job: str, link: WorkloadLink) -> None:
@@ -377,16 +381,23 @@ class AgentEngine:
         registered a moment ago, or this agent restarted and it is reconnecting) gets up to
         WORKLOAD_ATTACH_SECONDS for it, within the move's deadline; then the backend says
         what is missing. A job whose streams closed while this agent ran (its offload loop
-        ended: it is leaving) gets no wait: the switch fails at once and its retry goes on
-        without the job."""
-        if entry.workloads or entry.streams_ended:
+        ended: it is leaving) gets no wait, and the wait ends when its last process exits:
+        the switch fails at once and its retry goes on without the job."""
+        if entry.workloads or entry.streams_ended or entry.gone.is_set():
             return
         if not getattr(backend, "needs_workloads", False):
             return
         wait = min(WORKLOAD_ATTACH_SECONDS, deadline - time.time())
         if wait > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(entry.attached.wait(), wait)
+            waits = {
+                asyncio.ensure_future(entry.attached.wait()),
+                asyncio.ensure_future(entry.gone.wait()),
+            }
+            try:
+                await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waits:
+                    task.cancel()
 
     def _on_exit(self, ref: ProcessRef) -> None:
         entry = self.table.owner_of(ref)
@@ -397,6 +408,7 @@ class AgentEngine:
         log.info("job %s: process %d exited", entry.record.job, ref.pid)
         self.table.save()
         if not entry.processes:
+            entry.gone.set()
             self._spawn(self._drop_if_gone(entry))
 
     async def _drop_if_gone(self, entry: JobEntry) -> None:

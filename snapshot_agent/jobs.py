@@ -53,6 +53,9 @@ class JobEntry:
     streams_ended: bool = False
     """The job's last workload stream closed in this agent's life (its offload loop ended:
     the job is leaving); a move does not wait for a stream to come back."""
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once every process of the job has exited (cleared when one registers): a move
+    waiting for the job's stream stops waiting."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the job moves: moves of one job run one at a time."""
 

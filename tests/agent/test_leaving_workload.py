@@ -4,12 +4,16 @@ Cases (a job registered a moment ago whose stream is still attaching is waited f
 tests/gpu/test_app_backend.py):
 - a job whose last stream closed in this agent's life (its offload loop ended: the job is
   leaving) is not: a snapshot is refused at once, naming serve_offload, well before the
-  agent's wait for a stream would end.
+  agent's wait for a stream would end;
+- a job whose stream never opened is waited for until its last process exits, not longer:
+  the snapshot waiting for it is refused as soon as the process is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +79,50 @@ async def test_a_job_whose_offload_loop_ended_is_refused_at_once(agent: Any) -> 
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await asyncio.wait_for(_snapshot(agent), WORKLOAD_ATTACH_SECONDS / 2)
     assert "serve_offload" in (refused.value.details() or "")
+
+
+REGISTER_AND_WAIT = """
+import sys
+import grpc
+from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
+with grpc.insecure_channel("unix:" + sys.argv[1]) as channel:
+    agent_pb2_grpc.LocalAgentStub(channel).Register(
+        agent_pb2.LocalRegisterRequest(
+            job="job-a", group="g", modes=[agent_pb2.OFFLOAD_MODE_OFFLOAD], backend="app"
+        ),
+        timeout=10,
+    )
+print("registered", flush=True)
+sys.stdin.read()  # until the test closes it
+"""
+
+
+async def test_the_wait_for_a_stream_ends_when_the_jobs_last_process_exits(agent: Any) -> None:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        REGISTER_AND_WAIT,
+        str(agent.socket_path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdin is not None
+        assert (await child.stdout.readline()).strip() == b"registered"
+        entry = agent.engine.table.entries["job-a"]
+        snapshot = asyncio.ensure_future(_snapshot(agent))
+        for _ in range(500):  # until the move holds the job: it waits for the stream now
+            if entry.lock.locked():
+                break
+            await asyncio.sleep(0.01)
+        assert entry.lock.locked()
+        child.stdin.close()  # the job's last process exits
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(snapshot, WORKLOAD_ATTACH_SECONDS / 2)
+        assert "serve_offload" in (refused.value.details() or "")
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
