@@ -155,6 +155,8 @@ async def _serve(
     try:
         await grpc_server.start(settings.address, settings.tls)
     except BaseException:
+        # Stopped even though it never started: grpc complains at collection otherwise.
+        await asyncio.gather(grpc_server.stop(0), local_server.stop(0))
         await engine.close()
         raise
     await local_server.start()
