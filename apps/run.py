@@ -25,12 +25,14 @@ import argparse
 import os
 from typing import Any
 
-ENV_JOB = "RLSLICE_JOB"
-ENV_GROUP = "RLSLICE_GROUP"
-ENV_SCHEDULER = "RLSLICE_SCHEDULER"
-ENV_AGENT_SOCKET = "RLSLICE_AGENT_SOCKET"
-ENV_AGENT_REGISTERED = "RLSLICE_AGENT_REGISTERED"
-ENV_NODE = "RLSLICE_NODE"
+from rlslice import env as env_names
+
+ENV_JOB = env_names.JOB
+ENV_GROUP = env_names.GROUP
+ENV_SCHEDULER = env_names.SCHEDULER
+ENV_AGENT_SOCKET = env_names.AGENT_SOCKET
+ENV_AGENT_REGISTERED = env_names.AGENT_REGISTERED
+ENV_NODE = env_names.NODE
 
 # Signals passed on to CMD. SIGCHLD is waited for alongside them.
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
