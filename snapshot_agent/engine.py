@@ -659,8 +659,10 @@ class AgentEngine:
                 overlapped, failure = False, None
         for half in running:
             if failure is None and half.outcome is not None:
-                await self._observe(half.move, half.name, half.outcome.bytes, half.outcome.seconds)
+                self._count(half.move, half.name, half.outcome.bytes, half.outcome.seconds)
         self._refresh_jobs()
+        if running:
+            self._spawn(self.refresh_metrics())  # off the switch's path
         return SwitchReply(
             outgoing=tuple(answers[o.job] for o in outgoing),
             incoming=answers[incoming.job] if incoming is not None else None,
@@ -833,13 +835,16 @@ class AgentEngine:
             raise ResourceExhaustedError(f"{reason}; job {handle.job} keeps running")
 
     async def _observe(self, move: Move, backend: str, nbytes: int, seconds: float) -> None:
+        self._count(move, backend, nbytes, seconds)
+        await self.refresh_metrics()
+
+    def _count(self, move: Move, backend: str, nbytes: int, seconds: float) -> None:
         if move is Move.SNAPSHOT:
             self.metrics.snapshot_seconds.labels(backend=backend).observe(seconds)
             self.metrics.moved_bytes.labels(direction="out").inc(nbytes)
         else:
             self.metrics.restore_seconds.labels(backend=backend).observe(seconds)
             self.metrics.moved_bytes.labels(direction="in").inc(nbytes)
-        await self.refresh_metrics()
 
     # -- release and status ------------------------------------------------------------
 

@@ -1,14 +1,23 @@
-"""`rlslice bench switch`: how long a switch takes on the `sim` backend, next to memcpy.
+"""`rlslice bench switch`: switches on the `sim` backend, side by side in one run.
 
-For each state size, two real job processes allocate that much emulated device memory
-through `rlslice.client.sim` and register with a real agent (in this process, gRPC on
-loopback, unlimited copy rate). A switch is Snapshot(outgoing) then Restore(incoming),
-timed at the caller. Between switches, a plain memcpy of the same bytes is timed into
-fresh pages (`memcpy_seconds`: the agent's copies land in fresh pages too, host memory on
-the way out and freed-then-regrown device memory on the way in) and again into the same,
-warm, pages (`memcpy_warm_seconds`, for reference). Target: switch <= 1.5 x two fresh
-copies + 20 ms.
-The bytes of both jobs are checked (crc32) after the last switch.
+1. Overlapped vs serial (`--sizes`, GiB-equivalent, default 1, 4 and 16 GiB): two real job
+   processes of equal size on a node whose one device holds one of them and a little more,
+   so every switch must move both. The link is full duplex, `--link-gbps` each way (the
+   H200's measured 50 GB/s by default); a state of S GiB-equivalent is S / `--scale` real
+   bytes moved at `--link-gbps` / `--scale`, so the seconds are those of S GiB at the full
+   rate while the machine copies only a fraction (chunks scale the same way). Serial is
+   Snapshot(outgoing) then Restore(incoming); overlapped is one Switch call, the incoming
+   job's chunks admitted as the outgoing job's leave. Target: overlapped <= 0.6 x serial.
+2. Prefetch vs a 0-byte handoff: three jobs of `--prefetch-size` take turns on a node with
+   room for two, through a real scheduler and agent in this process; each waiter queues,
+   is prefetched beside the holder (evicting the idle third job), then the holder yields.
+   Timed: from sending the Yield to the waiter's Acquire returning. Beside it, the same
+   yield-to-grant time on a scheduler with no agents (nothing can move). Target:
+   prefetched <= handoff + 20 ms.
+3. `--memcpy SIZES` (optional): a switch at unlimited rate next to a plain memcpy of the
+   same bytes into fresh pages (the earlier bench; target 1.5 x two copies + 20 ms).
+
+Every job's bytes are checked (crc32) at the end of its section.
 """
 
 from __future__ import annotations
@@ -18,15 +27,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-DEFAULT_SIZES = "64MiB,256MiB,1GiB,2GiB"
+DEFAULT_SIZES = "1GiB,4GiB,16GiB"
+OVERLAP_TARGET = 0.6
+PREFETCH_MARGIN_S = 0.020
 
 _JOB = r"""
 import sys, zlib
 import numpy as np
 from rlslice.client import sim
-from rlslice.client import register_with_agent
-socket_path, node_dir, job, size, seed = sys.argv[1:6]
-register_with_agent(socket_path, job, "bench")
+from rlslice.client._local import register_with_agent
+socket_path, node_dir, job, size, seed, group = sys.argv[1:7]
+register_with_agent(socket_path, job, group)
 buffer = sim.attach(job=job, node_dir=node_dir).alloc(int(size), tag="state")
 block = np.random.default_rng(int(seed)).integers(0, 256, 1 << 20, dtype=np.uint8)
 view = np.frombuffer(buffer, dtype=np.uint8)
@@ -41,9 +52,22 @@ for line in sys.stdin:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--sizes", default=DEFAULT_SIZES, help=f"state sizes, comma-separated ({DEFAULT_SIZES})"
+        "--sizes", default=DEFAULT_SIZES, help=f"GiB-equivalent state sizes ({DEFAULT_SIZES})"
     )
-    parser.add_argument("--repeats", type=int, default=5, help="switches per size (median kept)")
+    parser.add_argument(
+        "--scale", type=float, default=256.0, help="real bytes = size / scale (256)"
+    )
+    parser.add_argument(
+        "--link-gbps", type=float, default=50.0, help="device link each way, GB/s (50)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="switches per size (median)")
+    parser.add_argument(
+        "--prefetch-size", default="4GiB", help="GiB-equivalent size of the prefetch jobs"
+    )
+    parser.add_argument("--rounds", type=int, default=6, help="prefetched grants timed")
+    parser.add_argument(
+        "--memcpy", default="", help="also time unlimited-rate switches vs memcpy at SIZES"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,33 +80,79 @@ def run(args: argparse.Namespace) -> int:
     from rlslice.apps.agent import parse_size
 
     logging.getLogger("rlslice.snapshot_agent").setLevel(logging.WARNING)
-
+    logging.getLogger("rlslice.scheduler").setLevel(logging.WARNING)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    # Emulated devices and parked copies in shared memory; the socket in a short path.
+    memcpy = [parse_size(s) for s in args.memcpy.split(",") if s.strip()]
     root = Path(tempfile.mkdtemp(prefix="rlslice-bench-", dir=_shm()))
     work = Path(tempfile.mkdtemp(prefix="rsb-", dir="/tmp"))
     try:
-        results = asyncio.run(_bench(sizes, max(1, args.repeats), root, work))
+        result = asyncio.run(_all(args, sizes, memcpy, root, work))
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        print(json.dumps({"bench": "switch", "backend": "sim", "sizes": results}))
+        print(json.dumps(result))
     else:
-        print(f"{'state':>9} {'switch':>9} {'snapshot':>9} {'restore':>9} {'memcpy':>9} "
-              f"{'warm':>8} {'ratio':>6} {'target':>9}  ok  identical")  # fmt: skip
-        for r in results:
-            print(
-                f"{_mib(r['bytes']):>9} {r['switch_seconds'] * 1e3:>7.1f}ms "
-                f"{r['snapshot_seconds'] * 1e3:>7.1f}ms {r['restore_seconds'] * 1e3:>7.1f}ms "
-                f"{r['memcpy_seconds'] * 1e3:>7.1f}ms {r['memcpy_warm_seconds'] * 1e3:>6.1f}ms "
-                f"{r['ratio']:>6.2f} {r['target_seconds'] * 1e3:>7.1f}ms "
-                f"{'yes' if r['meets_target'] else 'NO':>3}  {r['identical']}"
-            )
-        print("memcpy: one copy into fresh pages; warm: into touched pages; "
-              "ratio: switch / two fresh copies; target: 1.5 x two fresh copies + 20 ms")  # fmt: skip
-    ok = all(r["meets_target"] and r["identical"] for r in results)
-    return 0 if ok else 1
+        _print(result)
+    return 0 if result["ok"] else 1
+
+
+async def _all(
+    args: argparse.Namespace, sizes: list[int], memcpy: list[int], root: Path, work: Path
+) -> dict[str, Any]:
+    from rlslice.apps.agent import parse_size
+    from rlslice.apps.bench import _switch_duplex as duplex
+
+    repeats = max(1, args.repeats)
+    overlap = [
+        await duplex.overlap_one(size, args.scale, args.link_gbps, repeats, root, work)
+        for size in sizes
+    ]
+    prefetch = await duplex.prefetch_vs_handoff(
+        parse_size(args.prefetch_size), args.scale, args.link_gbps, max(2, args.rounds), root, work
+    )
+    copies = await _bench(memcpy, repeats, root, work) if memcpy else []
+    ok = (
+        all(r["meets_target"] and r["identical"] for r in overlap)
+        and prefetch["meets_target"]
+        and prefetch["identical"]
+        and all(r["meets_target"] and r["identical"] for r in copies)
+    )
+    return {
+        "bench": "switch",
+        "backend": "sim",
+        "link_gbps": args.link_gbps,
+        "scale": args.scale,
+        "overlap": overlap,
+        "prefetch": prefetch,
+        "memcpy": copies,
+        "ok": ok,
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"sim, duplex link {result['link_gbps']:g} GB/s each way, sizes GiB-equivalent "
+          f"(real bytes / {result['scale']:g})")  # fmt: skip
+    print(f"{'state':>9} {'serial':>9} {'overlapped':>11} {'ratio':>6}  target  ok  identical")
+    for r in result["overlap"]:
+        print(
+            f"{_mib(r['equivalent_bytes']):>9} {r['serial_seconds'] * 1e3:>7.1f}ms "
+            f"{r['overlapped_seconds'] * 1e3:>9.1f}ms {r['ratio']:>6.2f}  <= {OVERLAP_TARGET:g}  "
+            f"{'yes' if r['meets_target'] else 'NO':>3}  {r['identical']}"
+        )
+    p = result["prefetch"]
+    print(
+        f"prefetched grant {p['prefetched_ms']:.1f} ms (median of {p['rounds']}, all prefetched: "
+        f"{p['all_prefetched']}), 0-byte handoff {p['handoff_ms']:.1f} ms, "
+        f"target <= handoff + {PREFETCH_MARGIN_S * 1e3:g} ms: "
+        f"{'yes' if p['meets_target'] else 'NO'}, identical {p['identical']}"
+    )
+    for r in result["memcpy"]:
+        print(
+            f"memcpy {_mib(r['bytes']):>9}: switch {r['switch_seconds'] * 1e3:.1f} ms, two fresh "
+            f"copies {r['two_copies_seconds'] * 1e3:.1f} ms, ratio {r['ratio']:.2f}, "
+            f"{'yes' if r['meets_target'] else 'NO'}"
+        )
 
 
 def _shm() -> str | None:
@@ -150,7 +220,7 @@ async def _one_size(agent: Any, size: int, repeats: int) -> dict[str, Any]:
     for name, seed in (("bench-a", 1), ("bench-b", 2)):
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _JOB, str(agent.socket_path), str(node_dir), name,
-            str(size), str(seed), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            str(size), str(seed), "bench", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert process.stdout is not None
         jobs[name] = (process, int(await asyncio.wait_for(process.stdout.readline(), 300)))
