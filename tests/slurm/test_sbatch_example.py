@@ -170,7 +170,7 @@ def test_the_example_time_slices_two_jobs_and_leaves_nothing_behind(
 ) -> None:
     started = time.monotonic()
     job_id, state, report = _submit(slurm, tmp_path, public, steps=3)
-    run_dir = Path(f"/tmp/rlslice-{job_id}")
+    run_dir = Path(f"/tmp/rlslice-slurm-{job_id}")
     _poll(lambda: "load on" in _output(tmp_path, job_id), 60, "a job loaded")
     _check_tokens_private(slurm, state, run_dir, job_id)
 
@@ -207,7 +207,7 @@ def test_scancel_while_a_job_is_parked_leaves_no_process_and_no_frozen_worker(
     slurm: Any, tmp_path: Path, public: Path
 ) -> None:
     job_id, state, _ = _submit(slurm, tmp_path, public, steps=200)
-    run_dir = Path(f"/tmp/rlslice-{job_id}")
+    run_dir = Path(f"/tmp/rlslice-slurm-{job_id}")
     _poll(
         lambda: any(p.state == "T" for p in slurm.of_job(job_id)),
         60,
