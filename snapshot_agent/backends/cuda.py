@@ -56,6 +56,10 @@ SYMBOLS = (
 )
 MIN_CUDA_VERSION = 12080  # CUDA 12.8, the r570 driver
 MIN_DRIVER_MAJOR = 570
+#: Custom storage (the caller copies device memory itself, on its own streams, then calls
+#: cuCheckpointOperationComplete) came with CUDA 13.4.
+CUSTOM_STORAGE_SYMBOL = "cuCheckpointOperationComplete"
+CUSTOM_STORAGE_VERSION = 13040
 
 # get-state answers for a process the driver has no CUDA state for. NOT_INITIALIZED can
 # only be about the target: this process has called cuInit before asking.
@@ -71,6 +75,30 @@ _STATES = {
     "CU_PROCESS_STATE_CHECKPOINTING": ProcState.CHECKPOINTING,
     "CU_PROCESS_STATE_RESTORING": ProcState.RESTORING,
 }
+
+
+def copy_path(module: Any, version: int) -> tuple[bool, str]:
+    """Which copy path a node's driver allows, and why: (custom storage offered, detail).
+
+    The driver copies through its own pageable staging (2-5 GB/s measured on an H200,
+    driver 580) unless it offers custom storage: `cuCheckpointOperationComplete` in the
+    bindings and a driver for CUDA 13.4 or newer. This build still takes the driver's path
+    where custom storage is offered: the agent's own pinned ring is not built yet."""
+    major, minor = divmod(version // 10, 100)
+    if not hasattr(module, CUSTOM_STORAGE_SYMBOL):
+        return False, (
+            f"copies: the driver's pageable staging (the bindings lack {CUSTOM_STORAGE_SYMBOL}: "
+            "custom storage needs cuda-bindings and a driver for CUDA 13.4+)"
+        )
+    if version < CUSTOM_STORAGE_VERSION:
+        return False, (
+            f"copies: the driver's pageable staging (the driver supports CUDA {major}.{minor}; "
+            "custom storage needs 13.4+)"
+        )
+    return True, (
+        f"copies: the driver's pageable staging; custom storage is offered (CUDA {major}.{minor}) "
+        "but the agent's pinned-ring copy is not built yet"
+    )
 
 
 def load_driver() -> ModuleType:
@@ -272,4 +300,6 @@ class CudaBackend(MoverBackend):
             return ProbeResult(False, f"NVML is needed to measure bytes: {error}")
         if int(release.split(".")[0]) < MIN_DRIVER_MAJOR:
             return ProbeResult(False, f"driver {release} is older than r{MIN_DRIVER_MAJOR}")
-        return ProbeResult(True, f"driver {release}, CUDA {version // 1000}.{version % 1000 // 10}")
+        _, copies = copy_path(module, version)
+        cuda = f"CUDA {version // 1000}.{version % 1000 // 10}"
+        return ProbeResult(True, f"driver {release}, {cuda}; {copies}")
