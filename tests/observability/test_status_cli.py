@@ -30,16 +30,16 @@ assert len(LONG) == 63
 
 @pytest.fixture(scope="module")
 def sched() -> Iterator[SchedulerForTests]:
-    with SchedulerForTests(groups=[GroupSpec(name=LONG, headroom_bytes=1 << 40)]) as running:
-        # Two jobs take turns: the group counts switches and raises its epoch.
-        with (
-            Client(job="job-a", group=LONG, scheduler=running.address) as a,
-            Client(job="job-b", group=LONG, scheduler=running.address) as b,
-        ):
-            for client in (a, b, a):
-                with client.phase("train"):
-                    pass
-            yield running
+    # Two jobs take turns: the group counts switches and raises its epoch.
+    with (
+        SchedulerForTests(groups=[GroupSpec(name=LONG, headroom_bytes=1 << 40)]) as running,
+        Client(job="job-a", group=LONG, scheduler=running.address) as a,
+        Client(job="job-b", group=LONG, scheduler=running.address) as b,
+    ):
+        for client in (a, b, a):
+            with client.phase("train"):
+                pass
+        yield running
 
 
 def cli(sched: SchedulerForTests, *args: str) -> str:
