@@ -183,99 +183,127 @@ def build_timeline(events: Iterable[Event], group: str = "") -> Timeline:
     if not ordered:
         return Timeline(name, 0.0, 0.0, (), (), ())
     start, end = ordered[0].time, ordered[-1].time
-    jobs: list[str] = []
-    raw: list[Interval] = []
-    instants: list[Instant] = []
-    holding: dict[str, tuple[float, str, int]] = {}  # job -> (since, phase, epoch)
-    waiting: dict[str, tuple[float, str]] = {}  # job -> (since, phase)
+    fold = _Fold(start)
+    for event in ordered:
+        fold.feed(event)
+    fold.finish(end)
+    intervals = _spill(fold.raw)
+    base = [SWITCH_LANE, MOVES_LANE, *fold.jobs]
+    used = {i.lane for i in intervals} | {i.lane for i in fold.instants}
+    lanes = [lane for lane in _ordered_lanes(base, used) if lane in used]
+    return Timeline(name, start, end, tuple(lanes), tuple(intervals), tuple(fold.instants))
+
+
+@dataclass
+class _Fold:
+    """The open holds, waits and switch while events are folded into intervals."""
+
+    start: float
+    jobs: list[str] = field(default_factory=list)
+    raw: list[Interval] = field(default_factory=list)
+    instants: list[Instant] = field(default_factory=list)
+    holding: dict[str, tuple[float, str, int]] = field(default_factory=dict)
+    """job -> (since, phase, epoch)"""
+    waiting: dict[str, tuple[float, str]] = field(default_factory=dict)
+    """job -> (since, phase)"""
     switch_open: tuple[float, Event] | None = None
 
-    def close_held(job: str, at: float, why: str) -> None:
-        since, phase, epoch = holding.pop(job)
-        raw.append(
-            Interval(job, phase or "held", "held", since, at, {"epoch": epoch, "ended_by": why})
-        )
-
-    def close_wait(job: str, at: float, why: str) -> None:
-        since, phase = waiting.pop(job)
-        if at <= since:  # an uncontended acquire: QUEUED and GRANTED in the same instant
-            return
-        raw.append(
-            Interval(job, "waiting", "waiting", since, at, {"phase": phase, "ended_by": why})
-        )
-
-    for event in ordered:
+    def feed(self, event: Event) -> None:
         kind, job, t = event.kind, event.job, event.time
-        if job and job not in jobs:
-            jobs.append(job)
+        if job and job not in self.jobs:
+            self.jobs.append(job)
         if kind == "QUEUED" and job:
-            waiting.setdefault(job, (t, event.detail))
+            self.waiting.setdefault(job, (t, event.detail))
         elif kind == "GRANTED" and job:
-            for other in [j for j in holding if j != job]:
-                close_held(other, t, f"granted to {job}")
-            phase = event.detail
-            if job in waiting:
-                phase = phase or waiting[job][1]
-                close_wait(job, t, "GRANTED")
-            if job not in holding:
-                holding[job] = (t, phase, event.epoch)
+            self._granted(event)
         elif kind == "SWITCH_STARTED":
-            switch_open = (t, event)
+            self.switch_open = (t, event)
         elif kind in ("SWITCH_DONE", "SWITCH_FAILED"):
-            began = switch_open[0] if switch_open else max(start, t - event.seconds)
-            incoming = job or (switch_open[1].job if switch_open else "")
-            raw.append(
-                Interval(
-                    SWITCH_LANE,
-                    f"switch -> {incoming}" if incoming else "switch",
-                    "switch",
-                    began,
-                    t,
-                    _moved_args(event, outcome="done" if kind == "SWITCH_DONE" else "failed"),
-                )
-            )
-            switch_open = None
+            self._switch_ended(event)
         elif kind in ("SNAPSHOT_DONE", "RESTORE_DONE"):
-            verb = "snapshot" if kind == "SNAPSHOT_DONE" else "restore"
-            raw.append(
-                Interval(
-                    MOVES_LANE,
-                    f"{verb} {job}".strip(),
-                    verb,
-                    max(start, t - event.seconds),
-                    t,
-                    _moved_args(event, node=event.detail),
-                )
-            )
+            self._moved(event)
         elif kind == "GROUP_DELETED":
-            for other in list(holding):
-                close_held(other, t, kind)
-            for other in list(waiting):
-                close_wait(other, t, kind)
-        if job and kind in _HELD_ENDS and job in holding:
-            close_held(job, t, kind)
-        if job and kind in _WAIT_ENDS and job in waiting and kind != "GRANTED":
-            close_wait(job, t, kind)
+            for other in list(self.holding):
+                self.close_held(other, t, kind)
+            for other in list(self.waiting):
+                self.close_wait(other, t, kind)
+        if job and kind in _HELD_ENDS and job in self.holding:
+            self.close_held(job, t, kind)
+        if job and kind in _WAIT_ENDS and job in self.waiting and kind != "GRANTED":
+            self.close_wait(job, t, kind)
         if kind in INSTANT_KINDS:
-            lane = job if job else SWITCH_LANE
             args: dict[str, Any] = {"epoch": event.epoch}
             if event.detail:
                 args["detail"] = event.detail
-            instants.append(Instant(lane, kind.lower(), t, args))
+            self.instants.append(Instant(job if job else SWITCH_LANE, kind.lower(), t, args))
 
-    for job in list(holding):
-        close_held(job, end, "open")
-    for job in list(waiting):
-        close_wait(job, end, "open")
-    if switch_open is not None:
-        raw.append(
-            Interval(SWITCH_LANE, "switch", "switch", switch_open[0], end, {"ended_by": "open"})
+    def _granted(self, event: Event) -> None:
+        job, t = event.job, event.time
+        for other in [j for j in self.holding if j != job]:
+            self.close_held(other, t, f"granted to {job}")
+        phase = event.detail
+        if job in self.waiting:
+            phase = phase or self.waiting[job][1]
+            self.close_wait(job, t, "GRANTED")
+        if job not in self.holding:
+            self.holding[job] = (t, phase, event.epoch)
+
+    def _switch_ended(self, event: Event) -> None:
+        opened = self.switch_open
+        began = opened[0] if opened else max(self.start, event.time - event.seconds)
+        incoming = event.job or (opened[1].job if opened else "")
+        outcome = "done" if event.kind == "SWITCH_DONE" else "failed"
+        self.raw.append(
+            Interval(
+                SWITCH_LANE,
+                f"switch -> {incoming}" if incoming else "switch",
+                "switch",
+                began,
+                event.time,
+                _moved_args(event, outcome=outcome),
+            )
         )
-    intervals = _spill(raw)
-    base = [SWITCH_LANE, MOVES_LANE, *jobs]
-    used = {i.lane for i in intervals} | {i.lane for i in instants}
-    lanes = [lane for lane in _ordered_lanes(base, used) if lane in used]
-    return Timeline(name, start, end, tuple(lanes), tuple(intervals), tuple(instants))
+        self.switch_open = None
+
+    def _moved(self, event: Event) -> None:
+        verb = "snapshot" if event.kind == "SNAPSHOT_DONE" else "restore"
+        self.raw.append(
+            Interval(
+                MOVES_LANE,
+                f"{verb} {event.job}".strip(),
+                verb,
+                max(self.start, event.time - event.seconds),
+                event.time,
+                _moved_args(event, node=event.detail),
+            )
+        )
+
+    def close_held(self, job: str, at: float, why: str) -> None:
+        since, phase, epoch = self.holding.pop(job)
+        self.raw.append(
+            Interval(job, phase or "held", "held", since, at, {"epoch": epoch, "ended_by": why})
+        )
+
+    def close_wait(self, job: str, at: float, why: str) -> None:
+        since, phase = self.waiting.pop(job)
+        if at <= since:  # an uncontended acquire: QUEUED and GRANTED in the same instant
+            return
+        self.raw.append(
+            Interval(job, "waiting", "waiting", since, at, {"phase": phase, "ended_by": why})
+        )
+
+    def finish(self, end: float) -> None:
+        """Close what is still open at `end`."""
+        for job in list(self.holding):
+            self.close_held(job, end, "open")
+        for job in list(self.waiting):
+            self.close_wait(job, end, "open")
+        if self.switch_open is not None:
+            self.raw.append(
+                Interval(
+                    SWITCH_LANE, "switch", "switch", self.switch_open[0], end, {"ended_by": "open"}
+                )
+            )
 
 
 def _moved_args(event: Event, **extra: str) -> dict[str, Any]:
