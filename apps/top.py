@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
@@ -159,7 +159,6 @@ def render(
 ) -> RenderableType:
     """The picture of `state` at Unix time `now`: a table of groups and one of recent switches."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     groups = sorted(state.groups.values(), key=lambda g: g.name)
@@ -169,21 +168,37 @@ def render(
         f"{title} · {len(groups)} groups, {held} held, {waiting} waiting · {state.events} events",
         style="bold",
     )
-    table = Table(expand=True, show_lines=False, pad_edge=False)
-    for name, justify in (
-        ("GROUP", "left"),
-        ("PHASE", "left"),
-        ("EPOCH", "right"),
-        ("HOLDER", "left"),
-        ("QUEUE", "left"),
-        ("RESIDENT", "left"),
-        ("PARKED", "left"),
-        ("BUSY", "right"),
-        ("SWITCHES", "right"),
-    ):
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     shown = groups if max_groups is None else groups[:max_groups]
-    for group in shown:
+    parts: list[RenderableType] = [header, _groups_table(shown, now)]
+    if len(shown) < len(groups):
+        parts.append(Text(f"… {len(groups) - len(shown)} more groups (use --group)"))
+    if state.switches:
+        parts.append(_switches_table(state.switches, now))
+    if state.note:
+        parts.append(Text(state.note, style="yellow"))
+    return Group(*parts)
+
+
+_GROUP_COLUMNS = (
+    ("GROUP", "left"),
+    ("PHASE", "left"),
+    ("EPOCH", "right"),
+    ("HOLDER", "left"),
+    ("QUEUE", "left"),
+    ("RESIDENT", "left"),
+    ("PARKED", "left"),
+    ("BUSY", "right"),
+    ("SWITCHES", "right"),
+)
+
+
+def _groups_table(groups: Sequence[GroupView], now: float) -> RenderableType:
+    from rich.table import Table
+
+    table = Table(expand=True, show_lines=False, pad_edge=False)
+    for name, justify in _GROUP_COLUMNS:
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for group in groups:
         holder = group.holder
         if holder and group.holder_since > 0:
             holder = f"{holder} ({_age(max(0.0, now - group.holder_since))})"
@@ -199,28 +214,27 @@ def render(
             f"{group.switches}"
             + (f" (last {group.last_switch_seconds:.2f}s)" if group.switches else ""),
         )
-    parts: list[RenderableType] = [header, table]
-    if len(shown) < len(groups):
-        parts.append(Text(f"… {len(groups) - len(shown)} more groups (use --group)"))
-    if state.switches:
-        recent = Table(title="recent switches", expand=True, pad_edge=False)
-        for name in ("AGO", "GROUP", "TO", "SECONDS", "MOVED", "GB/s", "OUTCOME"):
-            recent.add_column(name)
-        for switch in reversed(state.switches):
-            rate = switch.bytes / switch.seconds / 1e9 if switch.seconds > 0 else 0.0
-            recent.add_row(
-                _age(max(0.0, now - switch.time)),
-                switch.group,
-                switch.job,
-                f"{switch.seconds:.3f}",
-                human_bytes(switch.bytes),
-                f"{rate:.2f}" if rate else "-",
-                "ok" if switch.ok else f"failed: {switch.detail}",
-            )
-        parts.append(recent)
-    if state.note:
-        parts.append(Text(state.note, style="yellow"))
-    return Group(*parts)
+    return table
+
+
+def _switches_table(switches: Sequence[SwitchView], now: float) -> RenderableType:
+    from rich.table import Table
+
+    recent = Table(title="recent switches", expand=True, pad_edge=False)
+    for name in ("AGO", "GROUP", "TO", "SECONDS", "MOVED", "GB/s", "OUTCOME"):
+        recent.add_column(name)
+    for switch in reversed(switches):
+        rate = switch.bytes / switch.seconds / 1e9 if switch.seconds > 0 else 0.0
+        recent.add_row(
+            _age(max(0.0, now - switch.time)),
+            switch.group,
+            switch.job,
+            f"{switch.seconds:.3f}",
+            human_bytes(switch.bytes),
+            f"{rate:.2f}" if rate else "-",
+            "ok" if switch.ok else f"failed: {switch.detail}",
+        )
+    return recent
 
 
 # --- adapter: protobuf -> plain data -------------------------------------------------------
