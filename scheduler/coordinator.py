@@ -82,9 +82,20 @@ class AgentCallError(Exception):
     """One agent call failed for good."""
 
     def __init__(self, node: str, what: str, code: grpc.StatusCode | None, detail: str) -> None:
-        self.node, self.code = node, code
+        self.node, self.code, self.detail = node, code, detail
         name = code.name if code else "UNAVAILABLE"
         super().__init__(f"node {node}: {what}: {name}: {detail}")
+
+    @property
+    def cut_off(self) -> bool:
+        """The call may have reached the agent but no answer came back (its deadline
+        passed, the connection broke mid-call): what the node did is unknown. A call that
+        never connected (refused, no agent registered) did nothing there."""
+        if self.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return True
+        return self.code == grpc.StatusCode.UNAVAILABLE and "failed to connect" not in (
+            self.detail.lower()
+        )
 
     @property
     def kind(self) -> type[RlsliceError]:
@@ -245,11 +256,17 @@ class Coordinator:
                 for (job, node), r in zip(snapshots, results, strict=True)
                 if isinstance(r, apb.MoveResult) and not r.absent and job not in switch.fence
             ]
-            await self._rollback(spec, done, switch.rollback_epoch)
+            left = await self._rollback(spec, done, switch.rollback_epoch)
             reason = "; ".join(str(f) for f in failures)
             if done:
                 reason += f" (rolled back on {len(done)} node(s))"
-            return events.SnapshotFailed(switch.epoch, reason, failures[0].kind)
+            cut = [
+                job
+                for (job, _), r in zip(snapshots, results, strict=True)
+                if isinstance(r, AgentCallError) and r.cut_off
+            ]
+            unsure = _unique(*cut, *left)
+            return events.SnapshotFailed(switch.epoch, reason, failures[0].kind, unsure)
         moved = sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
         restores = [(n.restore, n.node) for n in plan.nodes if n.restore is not None]
         results = await self._moves("Restore", spec, restores, switch.epoch)
@@ -272,13 +289,18 @@ class Coordinator:
             restored = sum(o.restored_bytes for o in outcomes)
             return events.SwitchDone(switch.epoch, plan.evict, moved, restored_bytes=restored)
         went = [o for o in outcomes if o.failure is None and o.moved_any]
-        await asyncio.gather(*(self._switch_back(spec, o, switch.rollback_epoch) for o in went))
+        left = await asyncio.gather(
+            *(self._switch_back(spec, o, switch.rollback_epoch) for o in went)
+        )
         reason = "; ".join(str(o.failure) for o in failed)
         if went:
             reason += f" (switched back on {len(went)} node(s))"
+        unsure = _unique(*(j for o in failed for j in o.unsure), *(j for js in left for j in js))
         snapshots = [o.failure for o in failed if o.failed_move == "snapshot" and o.failure]
         if snapshots:
-            return events.SnapshotFailed(switch.epoch, reason, snapshots[0].kind)
+            return events.SnapshotFailed(switch.epoch, reason, snapshots[0].kind, unsure)
+        if unsure:
+            return events.SnapshotFailed(switch.epoch, reason, failed[0].failure.kind, unsure)  # type: ignore[union-attr]
         # Undone everywhere: nothing was evicted, so a retry may evict again.
         return events.RestoreFailed(switch.epoch, reason, (), 0)
 
@@ -300,8 +322,10 @@ class Coordinator:
         except AgentCallError as refused:
             if refused.code == grpc.StatusCode.UNIMPLEMENTED:
                 return await self._node_serial(spec, moves, epoch)
-            # Refused before anything moved, or cut off: counted as the snapshot half.
-            return _NodeOutcome(moves, failure=refused, failed_move="snapshot")
+            # Refused before anything moved, or cut off: counted as the snapshot half. Cut
+            # off, the node may have switched all the same: its outgoing jobs are unsure.
+            unsure = moves.snapshot if refused.cut_off else ()
+            return _NodeOutcome(moves, failure=refused, failed_move="snapshot", unsure=unsure)
         moved = sum(r.bytes for r in result.outgoing)
         restored = result.HasField("incoming") and not result.incoming.absent
         came_back = result.incoming.bytes if restored else 0
@@ -339,30 +363,27 @@ class Coordinator:
             else:
                 restored, came_back = not result.absent, result.bytes
         if failure is not None:
-            await self._rollback(spec, [(job, node) for job in snapped], epoch + 1)
-            return _NodeOutcome(moves, failure=failure, failed_move=failed_move)
+            left = await self._rollback(spec, [(job, node) for job in snapped], epoch + 1)
+            cut = tuple(j for (j, _), r in zip(pairs, results, strict=True) if _cut(r))
+            unsure = _unique(*cut, *left)
+            return _NodeOutcome(moves, failure=failure, failed_move=failed_move, unsure=unsure)
         return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back)
 
-    async def _switch_back(self, spec: GroupSpec, outcome: _NodeOutcome, epoch: int) -> None:
+    async def _switch_back(self, spec: GroupSpec, outcome: _NodeOutcome, epoch: int) -> list[str]:
         """Undo a node's switch that went through: park the incoming job again, then
-        bring the outgoing jobs back (serial calls: the rare path)."""
+        bring the outgoing jobs back (serial calls: the rare path). The jobs left parked."""
         node = outcome.moves.node
         if outcome.restored and outcome.moves.restore is not None:
             (result,) = await self._moves("Snapshot", spec, [(outcome.moves.restore, node)], epoch)
             if isinstance(result, AgentCallError):
                 log.error("switching node %s back failed: %s", node, result)
-                return  # the outgoing jobs stay parked there; their next acquire restores them
-        await self._rollback(spec, [(job, node) for job in outcome.snapped], epoch)
+                # The outgoing jobs stay parked there; their next grant restores them.
+                return list(outcome.snapped)
+        return await self._rollback(spec, [(job, node) for job in outcome.snapped], epoch)
 
     def _switch_move(self, spec: GroupSpec, job: str) -> apb.SwitchMove:
         backend = spec.job(job).backend or spec.backend
         return apb.SwitchMove(job=job, backend=backend, options=dict(spec.backend_options))
-
-    async def agent_jobs(self, spec: GroupSpec) -> dict[str, list[tuple[str, str]]]:
-        """The (job, group) pairs each node of the group knows; nodes that did not answer
-        are left out (see `rlslice.scheduler.registration`)."""
-        statuses = await self._statuses(self.nodes_for(spec))
-        return {node: [(j.job, j.group) for j in s.jobs] for node, s in statuses.items()}
 
     async def agent_jobs(self, spec: GroupSpec) -> dict[str, list[tuple[str, str]]]:
         """The (job, group) pairs each node of the group knows; nodes that did not answer
@@ -434,13 +455,19 @@ class Coordinator:
 
         return list(await asyncio.gather(*(one(job, node) for job, node in pairs)))
 
-    async def _rollback(self, spec: GroupSpec, done: list[tuple[str, str]], epoch: int) -> None:
-        """Undo snapshots that succeeded, so the outgoing job runs on everywhere."""
+    async def _rollback(
+        self, spec: GroupSpec, done: list[tuple[str, str]], epoch: int
+    ) -> list[str]:
+        """Undo snapshots that succeeded, so the outgoing job runs on everywhere; the jobs
+        whose rollback failed (parked there still: reported unsure, their next grant
+        restores them)."""
         results = await self._moves("Restore", spec, done, epoch)
+        left = []
         for (job, node), result in zip(done, results, strict=True):
             if isinstance(result, AgentCallError):
-                # The job stays parked there; its next acquire restores it.
                 log.error("rollback of job %s on node %s failed: %s", job, node, result)
+                left.append(job)
+        return left
 
     async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
         """Ask every node of the group to drop `job`'s state (see Agent.Release)."""
@@ -458,6 +485,14 @@ class Coordinator:
                 log.log(logging.DEBUG if quiet else logging.WARNING, "%s", error)
 
         await asyncio.gather(*(one(node) for node in self.nodes_for(spec)))
+
+
+def _cut(result: object) -> bool:
+    return isinstance(result, AgentCallError) and result.cut_off
+
+
+def _unique(*jobs: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(jobs))
 
 
 def _traced_outcome(result: events.Event) -> dict[str, Any]:
@@ -503,6 +538,8 @@ class _NodeOutcome:
     restored_bytes: int = 0
     failure: AgentCallError | None = None
     failed_move: str = ""
+    unsure: tuple[str, ...] = ()
+    """Jobs that may be parked there after all (cut off mid-call, a failed rollback)."""
 
     @property
     def moved_any(self) -> bool:

@@ -88,6 +88,10 @@ class SnapshotFailed:
     epoch: int
     reason: str
     kind: type[RlsliceError] = UnavailableError
+    unsure: tuple[str, ...] = ()
+    """Jobs that may be parked on some node after all (a node cut off mid-call, a rollback
+    that failed): counted parked, so their next grant asks the agents and restores them
+    where they are parked (a restore where they run moves nothing)."""
 
 
 @dataclass(frozen=True, slots=True)

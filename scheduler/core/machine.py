@@ -495,13 +495,28 @@ def _snapshot_failed(tx: _Tx, e: ev.SnapshotFailed | ev.SwitchFailed) -> None:
         _side_switch_failed(tx, switch, f"failed: {e.reason}", ())
         return
     tx.set(switch=None)
+    unsure = e.unsure if isinstance(e, ev.SnapshotFailed) else ()
+    _maybe_parked(tx, unsure)
     tx.record(Kind.SWITCH_FAILED, switch.incoming, e.reason)
     if switch.attempt < MAX_SWITCH_ATTEMPTS and switch.incoming in tx.s.jobs:
         _retry(tx, switch)
         return
     _fail_switch(tx, switch, e.kind, f"switch to job {switch.incoming!r} failed: {e.reason}")
-    _undo_preempt(tx, switch)
+    if switch.preempted not in unsure:  # a victim that may be parked must not hold again
+        _undo_preempt(tx, switch)
     _serve(tx)
+
+
+def _maybe_parked(tx: _Tx, jobs: tuple[str, ...]) -> None:
+    """Count `jobs` parked: a cut-off node may have parked them. A grant of a job counted
+    resident moves nothing, so a job frozen there would hold the lock frozen."""
+    s = tx.s
+    moved = [j for j in jobs if j in s.resident and j != s.holder]
+    if moved:
+        tx.set(
+            resident=tuple(j for j in s.resident if j not in moved),
+            parked=(*s.parked, *(j for j in moved if j not in s.parked)),
+        )
 
 
 def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
