@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,7 +18,6 @@ def run(args: argparse.Namespace) -> int:
 
     from rlslice._errors import InvalidArgumentError
     from rlslice.planner.capacity import plan_from_mapping
-    from rlslice.planner.memory import human_bytes
 
     try:
         plan = plan_from_mapping(yaml.safe_load(args.file.read_text()))
@@ -25,36 +25,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlslice plan: {error}")
         return 2
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "fits": plan.fits,
-                    "groups": [
-                        {
-                            "name": g.name,
-                            "fits": g.verdict.fits,
-                            "reason": g.verdict.reason,
-                            "usable_gpu_bytes": g.usable_gpu_bytes,
-                            "jobs": {
-                                j.name: {
-                                    "peak_phase": j.peak_phase,
-                                    "phase_bytes": dict(j.phase_bytes),
-                                }
-                                for j in g.jobs
-                            },
-                            "host_bytes": {n: list(v) for n, v in g.host_bytes.items()},
-                            "coresident_pairs": [list(p) for p in g.coresident_pairs],
-                            "switch_seconds": {
-                                f"{a}->{b}": s for (a, b), s in g.switch_seconds.items()
-                            },
-                        }
-                        for g in plan.groups
-                    ],
+        print(json.dumps(_as_json(plan), indent=2))
+    else:
+        _print(plan)
+    return 0 if plan.fits else 1
+
+
+def _as_json(plan: Any) -> dict[str, Any]:
+    return {
+        "fits": plan.fits,
+        "groups": [
+            {
+                "name": g.name,
+                "fits": g.verdict.fits,
+                "reason": g.verdict.reason,
+                "usable_gpu_bytes": g.usable_gpu_bytes,
+                "jobs": {
+                    j.name: {"peak_phase": j.peak_phase, "phase_bytes": dict(j.phase_bytes)}
+                    for j in g.jobs
                 },
-                indent=2,
-            )
-        )
-        return 0 if plan.fits else 1
+                "host_bytes": {n: list(v) for n, v in g.host_bytes.items()},
+                "coresident_pairs": [list(p) for p in g.coresident_pairs],
+                "switch_seconds": {f"{a}->{b}": s for (a, b), s in g.switch_seconds.items()},
+            }
+            for g in plan.groups
+        ],
+    }
+
+
+def _print(plan: Any) -> None:
+    from rlslice.planner.memory import human_bytes
+
     for group in plan.groups:
         mark = "fits" if group.verdict.fits else "DOES NOT FIT"
         print(f"group {group.name}: {mark} ({human_bytes(group.usable_gpu_bytes)} usable per GPU)")
@@ -72,4 +73,3 @@ def run(args: argparse.Namespace) -> int:
         if not group.verdict.fits:
             for problem in group.problems:
                 print(f"  reason: {problem}")
-    return 0 if plan.fits else 1

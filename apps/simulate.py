@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,29 +27,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from rlslice._errors import InvalidArgumentError
-    from rlslice.planner.memory import BYTES_PER_GIB
-    from rlslice.planner.scenarios import article_scenario, scenario_from_mapping
     from rlslice.planner.timeline import plot_timeline
 
     try:
-        if args.jobs is not None:
-            import yaml
-
-            scenario = scenario_from_mapping(yaml.safe_load(args.jobs.read_text()))
-        else:
-            scenario = article_scenario()
-        overrides: dict[str, object] = {}
-        if args.gpu_gib is not None:
-            overrides["gpu_bytes"] = round(args.gpu_gib * BYTES_PER_GIB)
-        if args.bandwidth_gb_per_s is not None:
-            overrides["bandwidth_bytes_per_s"] = args.bandwidth_gb_per_s * 1e9
-        if args.overhead_s is not None:
-            overrides["overhead_s"] = args.overhead_s
-        scenario = dataclasses.replace(scenario, **overrides)  # type: ignore[arg-type]
-        result = scenario.run(policy=args.policy, horizon_s=args.horizon, seed=args.seed)
+        result = _simulate(args)
     except (InvalidArgumentError, OSError) as error:
         print(f"rlslice simulate: {error}")
         return 2
@@ -64,19 +47,55 @@ def run(args: argparse.Namespace) -> int:
             ),
         )
     if args.json:
-        summary = {
-            "policy": result.policy,
-            "horizon_s": result.horizon_s,
-            "dedicated_busy_fraction": result.dedicated_busy_fraction,
-            "sliced_busy_fraction": result.sliced_busy_fraction,
-            "switches": result.switches,
-            "switch_seconds_total": result.switch_seconds_total,
-            "moved_bytes_total": result.moved_bytes_total,
-            "coresident_grants": result.coresident_grants,
-            "jobs": [dataclasses.asdict(job) for job in result.jobs],
-        }
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(_summary(result), indent=2))
         return 0
+    _print(result)
+    if args.timeline is not None:
+        print(f"timeline: {args.timeline}")
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> Any:
+    """The scenario the flags describe (a jobs file, else the article's), run."""
+    import dataclasses
+
+    from rlslice.planner.memory import BYTES_PER_GIB
+    from rlslice.planner.scenarios import article_scenario, scenario_from_mapping
+
+    if args.jobs is not None:
+        import yaml
+
+        scenario = scenario_from_mapping(yaml.safe_load(args.jobs.read_text()))
+    else:
+        scenario = article_scenario()
+    overrides: dict[str, object] = {}
+    if args.gpu_gib is not None:
+        overrides["gpu_bytes"] = round(args.gpu_gib * BYTES_PER_GIB)
+    if args.bandwidth_gb_per_s is not None:
+        overrides["bandwidth_bytes_per_s"] = args.bandwidth_gb_per_s * 1e9
+    if args.overhead_s is not None:
+        overrides["overhead_s"] = args.overhead_s
+    scenario = dataclasses.replace(scenario, **overrides)  # type: ignore[arg-type]
+    return scenario.run(policy=args.policy, horizon_s=args.horizon, seed=args.seed)
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return {
+        "policy": result.policy,
+        "horizon_s": result.horizon_s,
+        "dedicated_busy_fraction": result.dedicated_busy_fraction,
+        "sliced_busy_fraction": result.sliced_busy_fraction,
+        "switches": result.switches,
+        "switch_seconds_total": result.switch_seconds_total,
+        "moved_bytes_total": result.moved_bytes_total,
+        "coresident_grants": result.coresident_grants,
+        "jobs": [dataclasses.asdict(job) for job in result.jobs],
+    }
+
+
+def _print(result: Any) -> None:
     print(f"policy {result.policy}, horizon {result.horizon_s:g} s")
     print(
         f"GPU busy: dedicated {result.dedicated_busy_fraction:.1%} per group, "
@@ -93,6 +112,3 @@ def run(args: argparse.Namespace) -> int:
             f"{job.name:<20} {job.dedicated_cycles:>11} {job.sliced_cycles:>13} "
             f"{job.wait_seconds:>8.1f} {job.slowdown:>9.3f}"
         )
-    if args.timeline is not None:
-        print(f"timeline: {args.timeline}")
-    return 0
