@@ -47,7 +47,7 @@ from rlslice.snapshot_agent.backends.base import (
 )
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable, LocalServer
 from rlslice.snapshot_agent.metrics import AgentMetrics
-from rlslice.snapshot_agent.processes import ExitWatcher, ProcessRef, alive, family
+from rlslice.snapshot_agent.processes import ExitWatcher, ProcessRef, alive, families, family
 from rlslice.snapshot_agent.state import JobState, Move
 
 log = logging.getLogger(__name__)
@@ -506,7 +506,7 @@ class AgentEngine:
                 raise FailedPreconditionError(
                     f"group: job {job} is in group {record.group} on node {self.node}, not {group}"
                 )
-            pids = family(entry.processes)
+            (pids,) = await asyncio.to_thread(families, [entry.processes])
             decision = state.decide(record, move, epoch, has_processes=bool(pids))
             if isinstance(decision, state.Absent):
                 return MoveReply(job, record.state, absent=True, epoch=epoch)
@@ -631,12 +631,16 @@ class AgentEngine:
                 entry = entries[name]
                 assert entry is not None
                 await locks.enter_async_context(entry.lock)
+            known = [(job, e) for job, e in entries.items() if e is not None]
+            scanned = await asyncio.to_thread(families, [e.processes for _, e in known])
+            pids_of = {job: pids for (job, _), pids in zip(known, scanned, strict=True)}
             for wanted, move in asked:
                 entry = entries[wanted.job]
                 if entry is None:
                     answers[wanted.job] = MoveReply(wanted.job, None, absent=True, epoch=epoch)
                     continue
-                found = await self._plan_half(entry, wanted, move, group, epoch, deadline)
+                pids = pids_of[wanted.job]
+                found = await self._plan_half(entry, wanted, move, group, epoch, deadline, pids)
                 if isinstance(found, MoveReply):
                     answers[wanted.job] = found
                 else:
@@ -672,7 +676,14 @@ class AgentEngine:
         )
 
     async def _plan_half(
-        self, entry: JobEntry, half: SwitchHalf, move: Move, group: str, epoch: int, deadline: float
+        self,
+        entry: JobEntry,
+        half: SwitchHalf,
+        move: Move,
+        group: str,
+        epoch: int,
+        deadline: float,
+        pids: tuple[int, ...],
     ) -> MoveReply | _Half:
         record = entry.record
         job = record.job
@@ -680,7 +691,6 @@ class AgentEngine:
             raise FailedPreconditionError(
                 f"group: job {job} is in group {record.group} on node {self.node}, not {group}"
             )
-        pids = family(entry.processes)
         decision = state.decide(record, move, epoch, has_processes=bool(pids))
         if isinstance(decision, state.Absent):
             return MoveReply(job, record.state, absent=True, epoch=epoch)

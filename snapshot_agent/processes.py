@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -74,6 +74,36 @@ def family(refs: Iterable[ProcessRef]) -> tuple[int, ...]:
                 if child.status() != psutil.STATUS_ZOMBIE:
                     pids.add(child.pid)
     return tuple(sorted(pids))
+
+
+def families(groups: Sequence[Iterable[ProcessRef]]) -> list[tuple[int, ...]]:
+    """`family` of each group of refs, from one read of the process table (`/proc/*/stat`:
+    a scan per job costs milliseconds on a busy node, and a switch names several jobs)."""
+    children: dict[int, list[int]] = {}
+    zombies: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        if fields[0] == b"Z":
+            zombies.add(pid)
+    found = []
+    for refs in groups:
+        todo = [ref.pid for ref in refs if alive(ref)]
+        pids = set(todo)
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in pids and child not in zombies:
+                    pids.add(child)
+                    todo.append(child)
+        found.append(tuple(sorted(pids)))
+    return found
 
 
 class ExitWatcher:

@@ -12,6 +12,8 @@ Case matrix:
 - refusals before anything moves: the same job twice, a stale epoch
 - the duplex link: each direction paced on its own, a shared cap binds both
 - an agent restart half-way through a swap: the journal gives every freed chunk back
+- one scan of the process table finds each job's processes and their children, as a scan
+  per job does
 """
 
 from __future__ import annotations
@@ -270,3 +272,18 @@ def test_an_interrupted_swap_gets_every_freed_chunk_back_from_the_journal(tmp_pa
 
     assert path.read_bytes() == content
     assert not _simfs.parked_dir(node_dir, "job-a").exists()
+
+
+async def test_one_scan_finds_each_jobs_family_as_a_scan_per_job_does(
+    agent: RunningAgent, spawn_job: Callable[..., Any]
+) -> None:
+    from rlslice.snapshot_agent.processes import families, family
+
+    a = await spawn_job("job-a", "g1", MiB, "--spawn-child")
+    b = await spawn_job("job-b", "g1", MiB)
+    entries = agent.engine.table.entries
+    groups = [entries["job-a"].processes, entries["job-b"].processes]
+    found = families(groups)
+    assert found == [family(groups[0]), family(groups[1])]
+    assert found[0] == tuple(sorted((a.pid, a.info["child"])))
+    assert found[1] == (b.pid,)
