@@ -114,9 +114,16 @@ def _measure(work: Path) -> Measured:
         barrier = threading.Barrier(len(runs) + 1)
         window = _Window()
         recorded: list[Event] = []
+        seen: set[str] = set()  # groups a Watch has said something about
+        news = threading.Condition()
+
+        def saw(event: Event) -> None:
+            with news:
+                seen.add(event.group)
+                news.notify_all()
 
         def watch(address: str) -> None:
-            recorded.extend(asyncio.run(watch_events(address, "", WINDOW_S + 60.0)))
+            recorded.extend(asyncio.run(watch_events(address, "", WINDOW_S + 60.0, on_message=saw)))
 
         watchers = [
             threading.Thread(target=watch, args=(c.scheduler,), daemon=True)
@@ -146,7 +153,6 @@ def _measure(work: Path) -> Measured:
             stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONSAFEPATH": "1"},
         )
-        time.sleep(0.5)  # the Watch is open before the first job registers
         threads = []
         for seed, (group, jobs) in enumerate(GROUPS.items()):
             cluster, device = placement[group]
@@ -173,6 +179,10 @@ def _measure(work: Path) -> Measured:
             for thread in threads:
                 thread.join(timeout=30)
             pytest.fail(f"a job failed to load: {[r.error for r in runs.values() if r.error]}")
+        # Every group exists now (its jobs loaded): an open Watch has sent its SNAPSHOT or
+        # its events. Wait for that, so that the streams cover the whole window.
+        with news:
+            assert news.wait_for(lambda: seen >= set(GROUPS), timeout=60), seen
         window.start = time.time() + 0.3
         window.stop = window.start + WINDOW_S
         window.ready.set()
