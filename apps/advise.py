@@ -215,7 +215,9 @@ def _header(score: GroupScore) -> str:
 
 def time_slice_groups_yaml(specs: list[Any]) -> str:
     """`TimeSliceGroup` resources (one YAML document each) with only the fields the CRD
-    defines and the advice sets: backend, policy, jobs, and headroom/selector when given."""
+    defines and the advice sets: backend, policy, jobs (weights rounded to the CRD's whole
+    numbers; the group config keeps them exact), headroom (bytes) and the node selector
+    (`matchLabels`) when given."""
     import yaml
 
     documents = []
@@ -224,14 +226,14 @@ def time_slice_groups_yaml(specs: list[Any]) -> str:
         if spec.headroom_bytes:
             body[HEADROOM_FIELD] = spec.headroom_bytes
         if spec.node_selector:
-            body["nodeSelector"] = dict(spec.node_selector)
+            body["nodeSelector"] = {"matchLabels": dict(spec.node_selector)}
         jobs = []
         for job in spec.jobs:
             item: dict[str, Any] = {"name": job.name}
             if job.priority:
                 item["priority"] = job.priority
-            if job.weight != 1.0:
-                item["weight"] = job.weight
+            if job.weight != 1.0:  # the CRD's weights are whole numbers, at least 1
+                item["weight"] = max(1, round(job.weight))
             jobs.append(item)
         body["jobs"] = jobs
         resource = {

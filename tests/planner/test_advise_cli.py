@@ -135,27 +135,26 @@ def test_the_group_definitions_apply_to_the_crd_and_to_group_config(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_headroom_is_written_as_the_crd_spells_it(profiles: Path, tmp_path: Path) -> None:
+def test_headroom_selector_and_weights_are_written_as_the_crd_spells_them(
+    tmp_path: Path,
+) -> None:
+    weighted = [{**p, "weight": 3.0} for p in PROFILES]
+    path = tmp_path / "weighted.yaml"
+    path.write_text(yaml.safe_dump({"profiles": weighted}))
+    groups = tmp_path / "groups.yaml"
+    groups.write_text(yaml.safe_dump([{"name": "rack-1", "node_selector": {"pool": "a100"}}]))
     tsg = tmp_path / "tsg.yaml"
-    assert (
-        main(
-            [
-                "advise",
-                str(profiles),
-                *HARDWARE,
-                "--headroom-bytes",
-                "1Mi",
-                "--json",
-                "--tsg-out",
-                str(tsg),
-            ]
-        )
-        == 0
-    )
+    argv = ["advise", str(path), *HARDWARE, "--headroom-bytes", "1Mi", "--json"]
+    assert main([*argv, "--groups", str(groups), "--tsg-out", str(tsg)]) == 1  # 2 groups needed
     validator = jsonschema.Draft4Validator(_strict(SCHEMA))
-    for resource in yaml.safe_load_all(tsg.read_text()):
+    resources = list(yaml.safe_load_all(tsg.read_text()))
+    for resource in resources:
         validator.validate(resource)
-        assert 1 << 20 in resource["spec"].values()
+        spec = group_spec(resource["metadata"]["name"], resource["spec"])
+        assert spec.headroom_bytes == 1 << 20
+        assert {j.weight for j in spec.jobs} == {3.0}
+    rack = group_spec("rack-1", resources[0]["spec"])
+    assert rack.node_selector == {"pool": "a100"}
 
 
 def test_a_groups_file_names_the_groups_and_sets_the_hardware(
