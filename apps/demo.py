@@ -217,29 +217,8 @@ def _run_job(
     barrier: threading.Barrier,
 ) -> None:
     from rlslice import Client
-    from rlslice import env as names
 
-    env = child_env(
-        {
-            names.AGENT_SOCKET: str(cluster.socket_path),
-            names.SIM_ROOT: str(cluster.sim_root),
-            names.NODE: cluster.node,
-            names.JOB: run.job,
-        }
-    )
-    worker = WorkerPipe(
-        [
-            sys.executable,
-            "-m",
-            "rlslice.apps.demo_worker",
-            run.job,
-            run.group,
-            str(profile.state_mib * MiB),
-            str(seed),
-            str(device),
-        ],
-        env,
-    )
+    worker = _worker(run, cluster, profile, seed, device)
     client = Client(
         job=run.job,
         group=run.group,
@@ -254,36 +233,15 @@ def _run_job(
         window.ready.wait(timeout=120)
         stop_at = window.stop
         _sleep_until_wall(window.start)
-
-        def gpu(phase: str, **command: Any) -> dict[str, Any]:
-            asked = time.time()
-            grant = client.acquire(phase=phase)
-            granted = time.time()
-            run.wait_seconds += granted - asked
-            if grant.switch_seconds > 0 or grant.moved_bytes > 0:
-                run.switch_seconds += grant.switch_seconds
-                run.moved_bytes += grant.moved_bytes
-                run.switches.append(
-                    (granted - grant.switch_seconds - origin, granted - origin, grant.moved_bytes)
-                )
-            if granted - asked > 1e-3:
-                run.intervals.append((run.job, asked - origin, granted - origin, "wait"))
-            try:
-                answer = worker.call(**command)
-            finally:
-                done = time.time()
-                client.yield_()
-            run.gpu_seconds += done - granted
-            run.intervals.append((run.job, granted - origin, done - origin, f"gpu:{phase}"))
-            return answer
-
         while time.time() < stop_at:
             began = time.time()
-            sample = gpu("rollout", op="rollout", seconds=profile.rollout_seconds)["sample"]
+            rollout = _gpu(run, client, worker, origin, "rollout", seconds=profile.rollout_seconds)
             scored = time.time()
-            reward = _score_rewards(profile.score_seconds, float(sample))
+            reward = _score_rewards(profile.score_seconds, float(rollout["sample"]))
             run.intervals.append((run.job, scored - origin, time.time() - origin, "cpu:score"))
-            answer = gpu("train", op="train", seconds=profile.train_seconds, reward=reward)
+            answer = _gpu(
+                run, client, worker, origin, "train", seconds=profile.train_seconds, reward=reward
+            )
             run.checksums.append(int(answer["checksum"]))
             run.cycles += 1
             run.cycle_seconds.append(time.time() - began)
@@ -293,6 +251,49 @@ def _run_job(
     finally:
         worker.close()
         client.close()
+
+
+def _worker(run: JobRun, cluster: _Cluster, profile: Profile, seed: int, device: int) -> WorkerPipe:
+    """The job's GPU worker process, registered with the node's agent on `init`."""
+    from rlslice import env as names
+
+    env = child_env(
+        {
+            names.AGENT_SOCKET: str(cluster.socket_path),
+            names.SIM_ROOT: str(cluster.sim_root),
+            names.NODE: cluster.node,
+            names.JOB: run.job,
+        }
+    )
+    argv = [sys.executable, "-m", "rlslice.apps.demo_worker", run.job, run.group]
+    argv += [str(profile.state_mib * MiB), str(seed), str(device)]
+    return WorkerPipe(argv, env)
+
+
+def _gpu(
+    run: JobRun, client: Any, worker: WorkerPipe, origin: float, phase: str, **command: Any
+) -> dict[str, Any]:
+    """One GPU phase: acquire, the worker's `phase` op, yield; the times go into `run`."""
+    asked = time.time()
+    grant = client.acquire(phase=phase)
+    granted = time.time()
+    run.wait_seconds += granted - asked
+    if grant.switch_seconds > 0 or grant.moved_bytes > 0:
+        run.switch_seconds += grant.switch_seconds
+        run.moved_bytes += grant.moved_bytes
+        run.switches.append(
+            (granted - grant.switch_seconds - origin, granted - origin, grant.moved_bytes)
+        )
+    if granted - asked > 1e-3:
+        run.intervals.append((run.job, asked - origin, granted - origin, "wait"))
+    try:
+        answer: dict[str, Any] = worker.call(op=phase, **command)
+    finally:
+        done = time.time()
+        client.yield_()
+    run.gpu_seconds += done - granted
+    run.intervals.append((run.job, granted - origin, done - origin, f"gpu:{phase}"))
+    return answer
 
 
 def _sleep_until_wall(when: float) -> None:
