@@ -7,23 +7,15 @@ on the lock, but their switches move nothing of them (`rlslice.scheduler.registr
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
+
+from rlslice.apps.flags import add_connection_flags, connection_from
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("group", nargs="?", default="", help="one group (default: all)")
-    parser.add_argument(
-        "--scheduler",
-        default=os.environ.get("RLSLICE_SCHEDULER", "127.0.0.1:50551"),
-        help="scheduler address (RLSLICE_SCHEDULER; default %(default)s)",
-    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument(
-        "--tls-ca",
-        default=os.environ.get("RLSLICE_TLS_CA"),
-        help="CA of the scheduler (RLSLICE_TLS_CA)",
-    )
+    add_connection_flags(parser)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for an answer")
 
 
@@ -82,16 +74,14 @@ def _numbers(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
 
 
 async def _fetch(args: argparse.Namespace) -> list[Any]:
-    from pathlib import Path
-
     from rlslice.adapters.channel import open_channel
-    from rlslice.config import TLSConfig
     from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 
-    tls = TLSConfig(ca=Path(args.tls_ca)) if args.tls_ca else None
-    token = os.environ.get("RLSLICE_TOKEN") or None
-    async with open_channel(args.scheduler, tls=tls, token=token) as channel:
+    connection = connection_from(args)
+    async with open_channel(
+        connection.address, tls=connection.tls, token=connection.token
+    ) as channel:
         stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
         if args.group:
             return [await stub.GetGroup(pb.GetGroupRequest(group=args.group), timeout=args.timeout)]
@@ -115,7 +105,7 @@ _COLUMNS = (
 
 
 def _rows(groups: list[Any]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for g in groups:
         last = f"{g.last_switch_seconds * 1000:.1f} ms" if g.switches else "-"
         rows.append(

@@ -117,9 +117,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         engine=engine,
         metrics=metrics,
         metrics_port=endpoint.port if endpoint is not None else None,
-        scheduler_link=_link(
-            settings, engine, advertised=_advertise(settings, grpc_server.port)
-        ),
+        scheduler_link=_link(settings, engine, advertised),
         _grpc=grpc_server,
         _local_server=local_server,
         _relay=relay,
