@@ -145,7 +145,10 @@ class Cluster:
         host_reserve_bytes: int = 0,
         scheduler_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
+        agent_rpc_timeout: float | None = None,
     ) -> None:
+        """`agent_rpc_timeout`: the scheduler's deadline for each Snapshot/Restore (and
+        Status) call to an agent, for tests that cut an agent off (default: production's)."""
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
         self.store = work / "scheduler.sqlite"
@@ -153,10 +156,21 @@ class Cluster:
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.sim_root = Path(tempfile.mkdtemp(prefix="rlslice-soak-", dir=shm))
         port = free_port()
+        command = cli("scheduler")
+        if agent_rpc_timeout is not None:
+            command = [
+                sys.executable,
+                "-m",
+                "rlslice.apps.bench._soak_scheduler",
+                "--agent-rpc-timeout",
+                repr(agent_rpc_timeout),
+                "--agent-status-timeout",
+                repr(min(5.0, agent_rpc_timeout)),
+            ]
         self.scheduler = Service(
             "scheduler",
-            cli(
-                "scheduler",
+            [
+                *command,
                 "--address",
                 f"127.0.0.1:{port}",
                 "--store",
@@ -165,7 +179,7 @@ class Cluster:
                 "--shutdown-grace",
                 "1",
                 *scheduler_args,
-            ),
+            ],
             f"127.0.0.1:{port}",
             work / "scheduler.log",
         )

@@ -357,7 +357,9 @@ def _start_switch(
         waited_since=waiter.since,
         evict=(*evict, *(j for j in fence if j not in evict)),
         fence=fence,
-        candidates=tuple(j for j in s.resident if j != waiter.job and j not in evict),
+        # Resident jobs, least recently used first; then parked ones, which a switch cut
+        # off mid-call may have left on the devices (evicting one parked indeed moves nothing).
+        candidates=tuple(j for j in (*s.resident, *s.parked) if j != waiter.job and j not in evict),
         restore=waiter.job in s.parked or waiter.job in s.faulted,
         epoch=s.epoch + 1,
         rollback_epoch=s.epoch + 2,

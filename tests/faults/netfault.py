@@ -92,6 +92,18 @@ class Nft:
         )
         return int(out.rsplit("# handle", 1)[1].split()[0])
 
+    def cut_link(self, port: int) -> list[int]:
+        """Cut every connection to and from `port` on lo, both ways (the server that
+        listens there is partitioned from all its peers); the rules' handles."""
+        handles = []
+        for direction in ("dport", "sport"):
+            out = _nft(
+                "--echo", "--handle", "add", "rule", "inet", self.name, "out",
+                "oifname", "lo", "ip", "daddr", "127.0.0.0/8", "tcp", direction, str(port), "drop",
+            )  # fmt: skip
+            handles.append(int(out.rsplit("# handle", 1)[1].split()[0]))
+        return handles
+
     def heal(self, handle: int) -> None:
         """Remove one rule."""
         _nft("delete", "rule", "inet", self.name, "out", "handle", str(handle))
