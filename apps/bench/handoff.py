@@ -98,68 +98,19 @@ async def _scheduler(in_process: bool) -> AsyncIterator[str]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     from rlslice.adapters.channel import open_channel
-    from rlslice.v1alpha1 import scheduler_pb2 as pb
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 
-    clock = time.perf_counter
     async with _scheduler(args.in_process) as address, open_channel(address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
         stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
-        check = health_pb2.HealthCheckRequest()
-        a = await stub.Register(pb.RegisterRequest(job="a", group="bench", lease_seconds=600))
-        b = await stub.Register(pb.RegisterRequest(job="b", group="bench", lease_seconds=600))
-        acq_a = pb.AcquireRequest(job="a", group="bench", lease_id=a.lease_id, secret=a.secret)
-        acq_b = pb.AcquireRequest(job="b", group="bench", lease_id=b.lease_id, secret=b.secret)
-        yld_a = pb.YieldRequest(job="a", group="bench", lease_id=a.lease_id, secret=a.secret)
-        yld_b = pb.YieldRequest(job="b", group="bench", lease_id=b.lease_id, secret=b.secret)
-        # Both jobs run once so both are resident: later grants need no switch.
-        for acq, yld in ((acq_a, yld_a), (acq_b, yld_b)):
-            await stub.Acquire(acq)
-            await stub.Yield(yld)
-
-        bare: list[float] = []
-        acquire: list[float] = []
-        cycle: list[float] = []
-        # Interleave the measurements so drift (CPU frequency, noise) hits all alike.
-        for i in range(args.warmup + args.iterations):
-            t0 = clock()
-            await health.Check(check)
-            t1 = clock()
-            await stub.Acquire(acq_a)
-            t2 = clock()
-            await stub.Yield(yld_a)
-            t3 = clock()
-            if i >= args.warmup:
-                bare.append(t1 - t0)
-                acquire.append(t2 - t1)
-                cycle.append(t3 - t1)
-
-        handoff: list[float] = []
-        group_request = pb.GetGroupRequest(group="bench")
-        await stub.Acquire(acq_a)
-        holder, waiter = (acq_a, yld_a), (acq_b, yld_b)
-        for i in range(args.warmup // 4 + args.handoffs):
-            blocked = asyncio.ensure_future(stub.Acquire(waiter[0]))
-            # Setup, outside the measured window: wait until B is queued.
-            while not (await stub.GetGroup(group_request)).queue:  # noqa: ASYNC110
-                await asyncio.sleep(0)
-            t0 = clock()
-            await stub.Yield(holder[1])
-            await blocked
-            t1 = clock()
-            if i >= args.warmup // 4:
-                handoff.append(t1 - t0)
-            holder, waiter = waiter, holder
-        await stub.Yield(holder[1])
+        jobs = await _two_resident_jobs(stub)
+        bare, acquire, cycle = await _uncontended(channel, stub, jobs[0], args)
+        handoff = await _handoffs(stub, jobs, args.warmup // 4, args.handoffs)
         through_agents: list[float] = []
         if args.agents > 0:
             through_agents = await _handoffs_through_agents(
                 stub, address, args.agents, args.handoffs // 4, args.warmup // 8
             )
-
     result: dict[str, Any] = {
         "scheduler": "in-process" if args.in_process else "subprocess",
         "bare_roundtrip": _percentiles(bare),
@@ -173,6 +124,85 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "agents": args.agents,
             "bytes": 0,
         }
+    return _with_ratios(result)
+
+
+#: (Acquire request, Yield request) of one job.
+_Calls = tuple[Any, Any]
+
+
+async def _two_resident_jobs(stub: Any) -> tuple[_Calls, _Calls]:
+    """Jobs a and b registered in group `bench`, each run once so both are resident: later
+    grants need no switch."""
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    calls = []
+    for job in ("a", "b"):
+        lease = await stub.Register(pb.RegisterRequest(job=job, group="bench", lease_seconds=600))
+        ids = {"job": job, "group": "bench", "lease_id": lease.lease_id, "secret": lease.secret}
+        acquire, yield_ = pb.AcquireRequest(**ids), pb.YieldRequest(**ids)
+        await stub.Acquire(acquire)
+        await stub.Yield(yield_)
+        calls.append((acquire, yield_))
+    return calls[0], calls[1]
+
+
+async def _uncontended(
+    channel: Any, stub: Any, job: _Calls, args: argparse.Namespace
+) -> tuple[list[float], list[float], list[float]]:
+    """Bare round trips (health Check), uncontended Acquires and Acquire+Yield cycles."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    clock = time.perf_counter
+    health = health_pb2_grpc.HealthStub(channel)
+    check = health_pb2.HealthCheckRequest()
+    bare: list[float] = []
+    acquire: list[float] = []
+    cycle: list[float] = []
+    # Interleave the measurements so drift (CPU frequency, noise) hits all alike.
+    for i in range(args.warmup + args.iterations):
+        t0 = clock()
+        await health.Check(check)
+        t1 = clock()
+        await stub.Acquire(job[0])
+        t2 = clock()
+        await stub.Yield(job[1])
+        t3 = clock()
+        if i >= args.warmup:
+            bare.append(t1 - t0)
+            acquire.append(t2 - t1)
+            cycle.append(t3 - t1)
+    return bare, acquire, cycle
+
+
+async def _handoffs(
+    stub: Any, jobs: tuple[_Calls, _Calls], warmup: int, samples: int
+) -> list[float]:
+    """Yield of the holder to the grant of the queued job, alternating the two jobs."""
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    clock = time.perf_counter
+    handoff: list[float] = []
+    group_request = pb.GetGroupRequest(group="bench")
+    holder, waiter = jobs
+    await stub.Acquire(holder[0])
+    for i in range(warmup + samples):
+        blocked = asyncio.ensure_future(stub.Acquire(waiter[0]))
+        # Setup, outside the measured window: wait until the waiter is queued.
+        while not (await stub.GetGroup(group_request)).queue:  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        t0 = clock()
+        await stub.Yield(holder[1])
+        await blocked
+        t1 = clock()
+        if i >= warmup:
+            handoff.append(t1 - t0)
+        holder, waiter = waiter, holder
+    await stub.Yield(holder[1])
+    return handoff
+
+
+def _with_ratios(result: dict[str, Any]) -> dict[str, Any]:
     bare_p99 = result["bare_roundtrip"]["p99_ms"]
     result["acquire_p99_ratio"] = result["uncontended_acquire"]["p99_ms"] / bare_p99
     result["acquire_yield_p99_ratio"] = result["uncontended_acquire_yield"]["p99_ms"] / bare_p99
