@@ -66,6 +66,18 @@ def test_the_swap_bench_plumbing_keeps_losses_bit_identical_on_cpu() -> None:
     assert report["targets"]["bit_identical"] is True
 
 
+@pytest.mark.slow
+def test_overlapped_switches_in_the_swap_bench_keep_losses_bit_identical_on_cpu() -> None:
+    pytest.importorskip("torch")
+    result = bench("--cpu", "--gib", "0.002", "--swaps", "2", "--steps", "2", "--overlap", "--json")
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(result.stdout)
+    assert report["bit_identical"] == {"a": True, "b": True}
+    assert report["losses_compared"] == {"a": 6, "b": 4}  # 2 serial + 2 overlapped switches
+    assert len(report["overlapped_switch"]["seconds_all"]) == 2
+    assert "overlapped_within_1.2x_max_memcpy_plus_50ms" in report["targets"]
+
+
 # --- on a real GPU ------------------------------------------------------------------------
 
 
