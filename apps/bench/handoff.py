@@ -176,14 +176,14 @@ async def _uncontended(
 
 
 async def _handoffs(
-    stub: Any, jobs: tuple[_Calls, _Calls], warmup: int, samples: int
+    stub: Any, jobs: tuple[_Calls, _Calls], warmup: int, samples: int, group: str = "bench"
 ) -> list[float]:
     """Yield of the holder to the grant of the queued job, alternating the two jobs."""
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
     clock = time.perf_counter
     handoff: list[float] = []
-    group_request = pb.GetGroupRequest(group="bench")
+    group_request = pb.GetGroupRequest(group=group)
     holder, waiter = jobs
     await stub.Acquire(holder[0])
     for i in range(warmup + samples):
@@ -249,89 +249,11 @@ async def _handoffs_through_agents(
     import shutil
     import tempfile
 
-    from rlslice.adapters.wire import group_spec_to_proto
-    from rlslice.config import GroupSpec
-    from rlslice.v1alpha1 import scheduler_pb2 as pb
-
     work = Path(tempfile.mkdtemp(prefix="rlslice-bench-"))
-    env = child_env()
-    cli = rlslice_argv()
     processes: list[asyncio.subprocess.Process] = []
     try:
-        for i in range(agents):
-            node = f"bench-{i}"
-            processes.append(
-                await asyncio.create_subprocess_exec(
-                    *cli,
-                    "agent",
-                    "--node",
-                    node,
-                    "--address",
-                    "127.0.0.1:0",
-                    "--socket",
-                    str(work / f"{node}.sock"),
-                    "--sim-root",
-                    str(work / "sim"),
-                    "--state-dir",
-                    str(work / node),
-                    "--scheduler",
-                    address,
-                    env=env,
-                    stdout=asyncio.subprocess.DEVNULL,
-                )
-            )
-        spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50)
-        await stub.PutGroup(pb.PutGroupRequest(spec=group_spec_to_proto(spec)))
-        deadline = time.monotonic() + 30
-        while len((await stub.GetGroup(pb.GetGroupRequest(group="bench-agents"))).nodes) < agents:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the bench's agents did not register with the scheduler")
-            await asyncio.sleep(0.1)
-        leases = {}
-        for job in ("ga", "gb"):
-            leases[job] = await stub.Register(
-                pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
-            )
-            for i in range(agents):
-                processes.append(
-                    await asyncio.create_subprocess_exec(
-                        *cli,
-                        "run",
-                        "--job",
-                        job,
-                        "--group",
-                        "bench-agents",
-                        "--agent-socket",
-                        str(work / f"bench-{i}.sock"),
-                        "--",
-                        "sleep",
-                        "3600",
-                        env=env,
-                        stdout=asyncio.subprocess.DEVNULL,
-                    )
-                )
-        await asyncio.sleep(1.0)  # the wrapped processes register with their agents
-
-        def request(kind: Any, job: str) -> Any:
-            lease = leases[job]
-            return kind(job=job, group="bench-agents", lease_id=lease.lease_id, secret=lease.secret)
-
-        group = pb.GetGroupRequest(group="bench-agents")
-        holder, waiter = "ga", "gb"
-        await stub.Acquire(request(pb.AcquireRequest, holder))
-        samples_s: list[float] = []
-        for i in range(warmup + samples):
-            blocked = asyncio.ensure_future(stub.Acquire(request(pb.AcquireRequest, waiter)))
-            while not (await stub.GetGroup(group)).queue:  # noqa: ASYNC110
-                await asyncio.sleep(0)
-            t0 = time.perf_counter()
-            await stub.Yield(request(pb.YieldRequest, holder))
-            await blocked
-            if i >= warmup:
-                samples_s.append(time.perf_counter() - t0)
-            holder, waiter = waiter, holder
-        await stub.Yield(request(pb.YieldRequest, holder))
-        return samples_s
+        jobs = await _agents_and_jobs(stub, address, agents, work, processes)
+        return await _handoffs(stub, jobs, warmup, samples, group="bench-agents")
     finally:
         for process in reversed(processes):
             if process.returncode is None:
@@ -342,3 +264,80 @@ async def _handoffs_through_agents(
             except TimeoutError:
                 process.kill()
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def _agents_and_jobs(
+    stub: Any,
+    address: str,
+    agents: int,
+    work: Path,
+    processes: list[asyncio.subprocess.Process],
+) -> tuple[_Calls, _Calls]:
+    """`agents` sim agents registered with the scheduler, group `bench-agents` over them,
+    and jobs ga and gb with a sleeping process on every node; started processes go into
+    `processes` (the caller stops them)."""
+    from rlslice.adapters.wire import group_spec_to_proto
+    from rlslice.config import GroupSpec
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    env = child_env()
+
+    async def spawn(*args: str) -> None:
+        processes.append(
+            await asyncio.create_subprocess_exec(
+                *rlslice_argv(*args), env=env, stdout=asyncio.subprocess.DEVNULL
+            )
+        )
+
+    for i in range(agents):
+        node = f"bench-{i}"
+        await spawn(
+            "agent",
+            "--node",
+            node,
+            "--address",
+            "127.0.0.1:0",
+            "--socket",
+            str(work / f"{node}.sock"),
+            "--sim-root",
+            str(work / "sim"),
+            "--state-dir",
+            str(work / node),
+            "--scheduler",
+            address,
+        )
+    spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50)
+    await stub.PutGroup(pb.PutGroupRequest(spec=group_spec_to_proto(spec)))
+    deadline = time.monotonic() + 30
+    while len((await stub.GetGroup(pb.GetGroupRequest(group="bench-agents"))).nodes) < agents:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the bench's agents did not register with the scheduler")
+        await asyncio.sleep(0.1)
+    calls = []
+    for job in ("ga", "gb"):
+        lease = await stub.Register(
+            pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
+        )
+        ids = {"job": job, "group": "bench-agents", "lease_id": lease.lease_id}
+        calls.append(
+            (
+                pb.AcquireRequest(**ids, secret=lease.secret),
+                pb.YieldRequest(**ids, secret=lease.secret),
+            )
+        )
+        for i in range(agents):
+            socket = str(work / f"bench-{i}.sock")
+            await spawn(
+                "run",
+                "--job",
+                job,
+                "--group",
+                "bench-agents",
+                "--agent-socket",
+                socket,
+                "--",
+                "sleep",
+                "3600",
+            )
+    await asyncio.sleep(1.0)  # the wrapped processes register with their agents
+    return calls[0], calls[1]
