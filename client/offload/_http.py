@@ -7,7 +7,9 @@ not followed.
 
 vLLM (started with `--enable-sleep-mode`, and `VLLM_SERVER_DEV_MODE=1` for the endpoints):
 `POST /sleep?level=1` offloads weights to host memory and drops the KV cache; level 2 also
-drops the weights (used when a command discards "weights"); `POST /wake_up` brings it back.
+drops the weights (used when a command discards "weights"); `mode=wait` (sent by default)
+drains requests in flight first, `keep` pauses them, `abort` drops them; `POST /wake_up`
+brings it back. Either server's API key, when it has one, goes in `Authorization: Bearer`.
 SGLang (started with `--enable-memory-saver`): `POST /release_memory_occupation` and
 `POST /resume_memory_occupation`, with optional `{"tags": [...]}`; weights are dropped unless
 the server keeps a CPU copy (`--enable-weights-cpu-backup`), so re-sync them after resume.
@@ -58,7 +60,10 @@ class LocalServer:
         host: str = "127.0.0.1",
         timeout: float = 300.0,
         measure: Callable[[], int | None] = nvml_used_bytes,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the server's key (`--api-key`), sent as `Authorization: Bearer`; a
+        server started with one refuses its memory endpoints without it."""
         if host not in LOOPBACK:
             raise InvalidArgumentError(
                 f"host: {host!r} refused: only the job's own local server on loopback is called"
@@ -69,6 +74,7 @@ class LocalServer:
         self.port = port
         self._timeout = timeout
         self._measure = measure
+        self._api_key = api_key
         self._asleep = False
         self._lock = threading.Lock()
 
@@ -76,7 +82,10 @@ class LocalServer:
         data = json.dumps(body).encode() if body is not None else b""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self._timeout)
         try:
-            conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            conn.request("POST", path, body=data, headers=headers)
             response = conn.getresponse()
             text = response.read().decode(errors="replace")
         except OSError as error:
@@ -100,17 +109,29 @@ class LocalServer:
         return OffloadResult(bytes=moved, seconds=time.perf_counter() - start)
 
 
+#: What vLLM's `/sleep` does with requests in flight (its `mode` query parameter).
+VLLM_SLEEP_MODES = ("abort", "wait", "keep")
+
+
 class VllmOffloader(LocalServer):
-    """vLLM sleep mode over HTTP: `/sleep?level=1|2` and `/wake_up`."""
+    """vLLM sleep mode over HTTP: `/sleep?level=1|2&mode=...` and `/wake_up`."""
 
     kind = "vllm"
 
-    def __init__(self, port: int, *, level: int = 1, **kwargs: Any) -> None:
-        """`level` 1 keeps the weights in host memory; 2 drops them (re-sync after wake)."""
+    def __init__(self, port: int, *, level: int = 1, mode: str = "wait", **kwargs: Any) -> None:
+        """`level` 1 keeps the weights in host memory; 2 drops them (re-sync after wake).
+        `mode`: what the server does with requests in flight: "wait" (the default here)
+        drains them first, "keep" pauses them and resumes them at wake-up, "abort" (vLLM's
+        own default) drops them. Servers older than the parameter ignore it and abort."""
         if level not in (1, 2):
             raise InvalidArgumentError(f"level: {level!r} is not 1 or 2")
+        if mode not in VLLM_SLEEP_MODES:
+            raise InvalidArgumentError(
+                f"mode: {mode!r} is not one of {', '.join(VLLM_SLEEP_MODES)}"
+            )
         super().__init__(port, **kwargs)
         self.level = level
+        self.mode = mode
 
     @property
     def modes(self) -> frozenset[str]:
@@ -125,7 +146,8 @@ class VllmOffloader(LocalServer):
             if self._asleep:
                 return OffloadResult(bytes=0, seconds=0.0)
             level = 2 if "weights" in discard_tags else self.level
-            result = self._timed(lambda: self._post(f"/sleep?level={level}"), +1)
+            path = f"/sleep?level={level}&mode={self.mode}"
+            result = self._timed(lambda: self._post(path), +1)
             self._asleep = True
             return result
 

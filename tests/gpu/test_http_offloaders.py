@@ -1,9 +1,11 @@
 """`VllmOffloader` and `SglangOffloader` against fake servers on loopback (aiohttp).
 
 Case matrix:
-- vLLM: offload POSTs /sleep?level=1 (level=2 when "weights" is discarded, or when built
-  with level 2); restore POSTs /wake_up; a repeat sends nothing; bytes are the device
-  memory freed / taken back (measured around the call).
+- vLLM: offload POSTs /sleep?level=1&mode=wait (level=2 when "weights" is discarded, or
+  when built with level 2; mode keep or abort when asked, anything else refused); restore
+  POSTs /wake_up; a repeat sends nothing; bytes are the device memory freed / taken back
+  (measured around the call).
+- an API key: sent as `Authorization: Bearer`, and a server that wants one refuses without.
 - SGLang: release / resume with the tags body; modes depend on the CPU backup.
 - errors: an HTTP 500 names the status; a closed port is UNAVAILABLE.
 - only loopback: any other host, a bad port or a bad level is refused at construction.
@@ -34,6 +36,7 @@ class FakeServer:
     requests: list[tuple[str, str, Any]] = field(default_factory=list)
     used: int = 10 * GiB
     fail_with: int = 0
+    api_key: str = ""
 
     def measure(self) -> int:
         return self.used
@@ -41,6 +44,8 @@ class FakeServer:
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else None
         self.requests.append((request.path, request.query_string, body))
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.Response(status=401, text="Unauthorized")
         if self.fail_with:
             return web.Response(status=self.fail_with, text="engine is busy")
         if request.path in ("/sleep", "/release_memory_occupation"):
@@ -68,7 +73,7 @@ async def server() -> AsyncIterator[FakeServer]:
 async def test_vllm_sleeps_at_level_1_and_wakes_up(server: FakeServer) -> None:
     vllm = VllmOffloader(server.port, measure=server.measure)
     out = await asyncio.to_thread(vllm.offload)
-    assert server.requests == [("/sleep", "level=1", None)]
+    assert server.requests == [("/sleep", "level=1&mode=wait", None)]
     assert out.bytes == 8 * GiB
     back = await asyncio.to_thread(vllm.restore)
     assert server.requests[-1][0] == "/wake_up"
@@ -78,10 +83,10 @@ async def test_vllm_sleeps_at_level_1_and_wakes_up(server: FakeServer) -> None:
 @pytest.mark.parametrize(
     ("level", "discard", "expected"),
     [
-        (1, [], "level=1"),
-        (1, ["kv_cache"], "level=1"),
-        (1, ["weights"], "level=2"),
-        (2, [], "level=2"),
+        (1, [], "level=1&mode=wait"),
+        (1, ["kv_cache"], "level=1&mode=wait"),
+        (1, ["weights"], "level=2&mode=wait"),
+        (2, [], "level=2&mode=wait"),
     ],
 )
 async def test_vllm_drops_the_weights_only_at_level_2(
@@ -90,6 +95,35 @@ async def test_vllm_drops_the_weights_only_at_level_2(
     vllm = VllmOffloader(server.port, level=level, measure=server.measure)
     await asyncio.to_thread(vllm.offload, discard)
     assert server.requests[0][1] == expected
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+async def test_vllm_sleeps_in_the_mode_asked_for(server: FakeServer, mode: str) -> None:
+    vllm = VllmOffloader(server.port, mode=mode, measure=server.measure)
+    await asyncio.to_thread(vllm.offload)
+    assert server.requests[0][1] == f"level=1&mode={mode}"
+
+
+def test_an_unknown_vllm_sleep_mode_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="mode"):
+        VllmOffloader(8000, mode="drain")
+
+
+async def test_the_api_key_goes_in_the_authorization_header(server: FakeServer) -> None:
+    server.api_key = "s3cret"
+    without = SglangOffloader(server.port, measure=server.measure)
+    with pytest.raises(FailedPreconditionError, match="401"):
+        await asyncio.to_thread(without.offload)
+    keyed = SglangOffloader(server.port, api_key="s3cret", measure=server.measure)
+    assert (await asyncio.to_thread(keyed.offload)).bytes == 8 * GiB
+    await asyncio.to_thread(keyed.restore)
+    vllm = VllmOffloader(server.port, api_key="s3cret", measure=server.measure)
+    await asyncio.to_thread(vllm.offload)
+    assert [r[0] for r in server.requests[-3:]] == [
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/sleep",
+    ]
 
 
 async def test_a_repeated_sleep_or_wake_sends_nothing(server: FakeServer) -> None:
