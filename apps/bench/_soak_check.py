@@ -4,7 +4,10 @@ Events are dicts with `t` (a monotonic clock all processes share), `ev`, and for
 events `job` and `group`. What is checked:
 
 - **one holder**: per group, a job's hold runs from `granted` to its `yield` (or to the
-  moment the job was killed, or began `closing` its client); holds of different jobs never overlap;
+  moment the job was killed, or began `closing` its client), as its client saw it; holds of
+  different jobs never overlap. A hold whose lock was lost (its `yield` failed: the lease
+  lapsed, a partition) may overlap a later one only if the later grant carries a higher
+  epoch (the fencing token): counted `fenced`, not a violation (the scheduler froze it);
 - **every acquire answered**: each `acquire` is followed, in its job's own events, by
   `granted`, `acquire_failed` (a reason) or `acquire_cancelled` (the job gave up), unless
   the job was killed while waiting;
@@ -23,6 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Event = Mapping[str, Any]
+Hold = list[Any]
+"""[start, end, job, epoch, lost]: one client-observed hold of a group."""
+#: Errors of a yield that find the lock lost already (the lease lapsed meanwhile).
+_LOST = frozenset({"NotFoundError", "PermissionDeniedError", "LockLostError"})
 
 
 @dataclass
@@ -32,10 +39,16 @@ class SoakReport:
     violations: list[str] = field(default_factory=list)
     grants: int = 0
     switches: int = 0
-    """Grants that moved device state (a snapshot, a restore, or both)."""
+    """Grants that moved device state (a snapshot, a restore, or both; a prefetched
+    restore, done before the grant, counts)."""
     restored: int = 0
     checks: int = 0
     acquire_failures: Counter[str] = field(default_factory=Counter)
+    partitions: int = 0
+    fenced: int = 0
+    """Overlaps of a hold whose lock was lost with a later grant of a higher epoch."""
+    lost: int = 0
+    """Holds that ended with the lock lost (a yield refused: the lease had lapsed)."""
     faults: Counter[str] = field(default_factory=Counter)
     restarts: Counter[str] = field(default_factory=Counter)
 
@@ -50,6 +63,9 @@ class SoakReport:
             "restarts": dict(self.restarts),
             "restarts_total": sum(self.restarts.values()),
             "acquire_failures": dict(self.acquire_failures),
+            "partitions": self.partitions,
+            "locks_lost": self.lost,
+            "fenced": self.fenced,
             "violations": len(self.violations),
             "violation_details": self.violations[:50],
         }
@@ -63,7 +79,9 @@ def check(events: Iterable[Event]) -> SoakReport:
     killed: dict[str, float] = {}
     for event in ordered:
         kind = event["ev"]
-        if kind == "fault":
+        if kind == "fault" and event["kind"] == "partition":
+            report.partitions += 1
+        elif kind == "fault":
             report.faults[str(event["kind"])] += 1
             if event["kind"] == "job":
                 killed[str(event["target"])] = float(event["t"])
@@ -71,7 +89,7 @@ def check(events: Iterable[Event]) -> SoakReport:
             report.restarts[str(event["kind"])] += 1
         elif "job" in event:
             by_job[str(event["job"])].append(event)
-    holds: dict[str, list[tuple[float, float, str, int]]] = defaultdict(list)
+    holds: dict[str, list[Hold]] = defaultdict(list)
     for job, mine in by_job.items():
         _check_job(job, mine, killed.get(job), report, holds)
     for group, spans in holds.items():
@@ -84,10 +102,11 @@ def _check_job(
     events: list[Event],
     killed_at: float | None,
     report: SoakReport,
-    holds: dict[str, list[tuple[float, float, str, int]]],
+    holds: dict[str, list[Hold]],
 ) -> None:
     open_acquire: Event | None = None
     granted: Event | None = None
+    last: Hold | None = None
     end = killed_at if killed_at is not None else float("inf")
     for event in events:
         kind = event["ev"]
@@ -101,7 +120,8 @@ def _check_job(
                 report.acquire_failures[str(event.get("kind", "?"))] += 1
             if kind == "granted":
                 report.grants += 1
-                report.switches += int(event.get("moved", 0)) > 0
+                # A prefetched grant moves nothing at the grant, yet its job was restored.
+                report.switches += int(event.get("moved", 0)) > 0 or bool(event.get("restored"))
                 report.restored += bool(event.get("restored"))
                 granted = event
         elif kind == "checked":
@@ -116,12 +136,16 @@ def _check_job(
             )
         elif kind == "crashed":
             report.violations.append(f"{job}: crashed: {event.get('error', '?')}")
+        elif kind == "yield_failed" and last is not None and event.get("kind") in _LOST:
+            last[4] = True  # the lease had lapsed: the lock was lost during that hold
+            report.lost += 1
         elif kind in ("yield", "closing", "stopped") and granted is not None:
             group = str(granted["group"])
-            holds[group].append((float(granted["t"]), float(event["t"]), job, _epoch(granted)))
+            last = [float(granted["t"]), float(event["t"]), job, _epoch(granted), False]
+            holds[group].append(last)
             granted = None
     if granted is not None:  # held until it was killed
-        holds[str(granted["group"])].append((float(granted["t"]), end, job, _epoch(granted)))
+        holds[str(granted["group"])].append([float(granted["t"]), end, job, _epoch(granted), False])
     if open_acquire is not None and killed_at is None:
         report.violations.append(f"{job}: acquire at {open_acquire['t']:.3f} never answered")
     if killed_at is None and not any(e["ev"] == "stopped" for e in events):
@@ -132,19 +156,20 @@ def _epoch(event: Event) -> int:
     return int(event.get("epoch", 0))
 
 
-def _check_group(
-    group: str, spans: list[tuple[float, float, str, int]], report: SoakReport
-) -> None:
-    spans.sort()
-    latest: tuple[float, float, str, int] | None = None  # the hold that ends last so far
-    previous: tuple[float, float, str, int] | None = None
+def _check_group(group: str, spans: list[Hold], report: SoakReport) -> None:
+    spans.sort(key=lambda span: (span[0], span[1]))
+    latest: Hold | None = None  # the hold that ends last so far
+    previous: Hold | None = None
     for span in spans:
-        start, _, job, epoch = span
+        start, _, job, epoch, _ = span
         if latest is not None and start < latest[1] and latest[2] != job:
-            report.violations.append(
-                f"{group}: two holders: {latest[2]} [{latest[0]:.3f}, {latest[1]:.3f}] and "
-                f"{job} from {start:.3f}"
-            )
+            if latest[4] and epoch > latest[3]:
+                report.fenced += 1  # a lost lock, fenced before this grant
+            else:
+                report.violations.append(
+                    f"{group}: two holders: {latest[2]} [{latest[0]:.3f}, {latest[1]:.3f}] "
+                    f"and {job} from {start:.3f}"
+                )
         if previous is not None and epoch <= previous[3]:
             report.violations.append(
                 f"{group}: epoch did not rise: {previous[2]} {previous[3]} then {job} {epoch}"

@@ -57,6 +57,10 @@ class SoakConfig:
     """Mean seconds between faults (exponentially distributed)."""
     max_faults: int = 10_000
     acquire_timeout: float = 30.0
+    partitions: bool = False
+    """Add partitions to the faults: a job's driver cut off from the scheduler by an
+    nftables rule on lo (its own group id) for 0.5 s to twice its lease, then healed
+    (root and nft needed; the table is deleted at the end)."""
     out: Path | None = None
     """Folder for the event log and process logs; a temporary one when None."""
 
@@ -82,6 +86,10 @@ class _Run:
     generation: int = 0
     pending: set[asyncio.Task[None]] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
+    nft: Any = None
+    """The run's nftables table (partitions), else None."""
+    gids: dict[str, int] = field(default_factory=dict)
+    """Each job driver's group id (partitions)."""
 
 
 def _group_layout(config: SoakConfig) -> tuple[list[str], dict[str, tuple[str, int]]]:
@@ -118,6 +126,13 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
     log_path = work / "events.jsonl"
     log_path.unlink(missing_ok=True)
     run = _Run(config, work, log_path, random.Random(config.seed), cluster, EventLog(str(log_path)))
+    if config.partitions:
+        from rlslice.apps.bench._soak_net import Nft, missing
+
+        why = missing()
+        if why is not None:
+            raise SystemExit(f"rlslice bench soak --partitions: {why}")
+        run.nft = Nft().open()
     started = time.monotonic()
     try:
         await cluster.start()
@@ -134,6 +149,8 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
         for job in run.jobs.values():
             _kill_group(job.process)
         cluster.close()
+        if run.nft is not None:
+            run.nft.close()  # every rule it added goes with the table
     events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     report = check(events)
     report.violations.extend(run.problems)
@@ -191,9 +208,20 @@ def _start_job(run: _Run, name: str, group: str, node: str, device: int) -> None
         max_phase=c.max_phase,
         acquire_timeout=c.acquire_timeout,
     )
+    extra: dict[str, Any] = {}
+    if run.nft is not None:
+        from rlslice.apps.bench._soak_net import fresh_gid
+
+        run.gids[name] = fresh_gid()  # its sockets carry it: a rule can cut it off alone
+        extra = {"group": run.gids[name], "extra_groups": []}
     with (run.work / "jobs.log").open("ab") as sink:
         process = subprocess.Popen(
-            argv, stdout=sink, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True
+            argv,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+            start_new_session=True,
+            **extra,
         )
     run.jobs[name] = _Job(name, group, node, device, process)
 
@@ -207,7 +235,8 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 async def _inject_faults(run: _Run, until: float) -> None:
-    kinds = ["job", "agent", "scheduler"]
+    kinds = ["job", "agent", "scheduler", *(["partition"] if run.nft is not None else [])]
+    weights = [5, 3, 2, 4][: len(kinds)]
     done = 0
     while done < run.config.max_faults:
         pause = run.rng.expovariate(1.0 / run.config.fault_interval)
@@ -219,12 +248,35 @@ async def _inject_faults(run: _Run, until: float) -> None:
             await asyncio.sleep(max(0.0, until - time.monotonic()))
             return
         await asyncio.sleep(pause)
-        kind = kinds[done] if done < len(kinds) else run.rng.choices(kinds, [5, 3, 2])[0]
+        kind = kinds[done] if done < len(kinds) else run.rng.choices(kinds, weights)[0]
         done += 1
         if kind == "job":
             await _kill_job(run)
+        elif kind == "partition":
+            _partition_job(run)
         else:
             await _kill_service(run, kind)
+
+
+def _partition_job(run: _Run) -> None:
+    """Cut a live driver off from the scheduler (its packets dropped), heal it later."""
+    live = sorted(n for n, job in run.jobs.items() if job.process.poll() is None and n in run.gids)
+    if not live:
+        return
+    name = run.rng.choice(live)
+    port = int(run.cluster.address.rsplit(":", 1)[1])
+    rule = run.nft.cut(run.gids[name], port)
+    seconds = run.rng.uniform(0.5, 2 * run.config.lease_seconds)
+    run.log("fault", kind="partition", target=name, seconds=seconds)
+
+    async def heal() -> None:
+        await asyncio.sleep(seconds)
+        run.nft.heal(rule)
+        run.log("healed", kind="partition", target=name)
+
+    task = asyncio.ensure_future(heal())
+    run.pending.add(task)
+    task.add_done_callback(run.pending.discard)
 
 
 async def _kill_job(run: _Run) -> None:
@@ -355,6 +407,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--state-mib", type=float, default=1.0, help="device memory per job, MiB (default 1)"
     )
     parser.add_argument("--out", type=Path, default=None, help="keep the event log and logs here")
+    parser.add_argument(
+        "--partitions",
+        action="store_true",
+        help="also cut job drivers off from the scheduler for a while (nftables; root)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -368,6 +425,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         fault_interval=args.fault_interval,
         state_bytes=max(4096, math.ceil(args.state_mib * MiB)),
+        partitions=args.partitions,
         out=args.out,
     )
     report = asyncio.run(soak(config))
@@ -378,6 +436,7 @@ def run(args: argparse.Namespace) -> int:
             f"soak {report['seconds']} s, {config.groups} groups x {config.jobs} jobs, "
             f"seed {config.seed}: {report['grants']} grants, {report['switches']} switches, "
             f"{report['hash_checks']} byte checks, kills {report['kills']}, "
+            f"partitions {report['partitions']}, fenced {report['fenced']}, "
             f"restarts {report['restarts']}, violations {report['violations']}"
         )
         for line in report["violation_details"]:
