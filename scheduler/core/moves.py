@@ -137,11 +137,8 @@ def plan_prefetch(
     if not any(_in_host(r, need.job) for r in reports):
         # Nothing parked. On the devices already (a prefetch resumed after a restart
         # whose restores had finished): done, with nothing to move; else nothing to do.
-        # A job that runs but holds less than it declared (registered, not allocated yet)
-        # is not prefetched: the switch at the yield makes room for it.
-        running = [r.jobs[need.job] for r in reports if _place(r, need.job) is Place.RUNNING]
-        done = bool(running) and all(j.device_bytes >= need.declared_bytes for j in running)
-        return MovePlan((), ()) if done else None
+        running = any(_place(r, need.job) is Place.RUNNING for r in reports)
+        return MovePlan((), ()) if running else None
     allowed = [j for j in candidates if j not in (holder, need.job)]
     chosen, fit = _evictions(need, reports, allowed, (), headroom_bytes)
     if chosen is None or not fit:

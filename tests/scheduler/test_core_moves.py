@@ -7,8 +7,7 @@ every candidate; a job parked already (a resumed switch) counts as evicted; a jo
 one node only is snapshotted there only.
 plan_prefetch cases: fits -> restore only; the holder is never evicted; another resident is,
 when that makes room; no room even then -> None; silent node -> None; nothing parked -> None,
-unless it runs already (a resumed prefetch): an empty plan; a waiter that runs but holds
-less than it declared (not allocated yet) -> None.
+unless it runs already (a resumed prefetch): an empty plan.
 plan_park: snapshots where the job is not parked.
 """
 
@@ -132,17 +131,6 @@ def test_plan_prefetch(
     evict, moves = expected
     assert plan.evict == evict
     assert plan.nodes == tuple(NodeMoves(n, s, r) for n, s, r in moves)
-
-
-def test_a_waiter_that_has_not_allocated_what_it_declared_is_not_prefetched() -> None:
-    # Registered with its agent, nothing allocated yet, 4 GiB declared, 2 GiB free: granting
-    # it at the yield with nothing moved would leave it no room (found on two Slurm nodes).
-    short = [node(n, 2 * G, a=(R, 4 * G), b=(R, 0)) for n in ("n1", "n2")]
-    assert plan_prefetch(Need("b", 4 * G, restore=False), short, ["a"], holder="a") is None
-    there = [node(n, 2 * G, a=(R, 4 * G), b=(R, 4 * G)) for n in ("n1", "n2")]
-    plan = plan_prefetch(Need("b", 4 * G, restore=False), there, ["a"], holder="a")
-    assert plan is not None
-    assert plan.nodes == ()
 
 
 def test_headroom_keeps_a_prefetch_out() -> None:
