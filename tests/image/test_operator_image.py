@@ -9,7 +9,8 @@ account (kopf and kubernetes_asyncio both read KUBECONFIG).
 
 Cases:
 - the webhook container answers its liveness probe (/healthz) and an AdmissionReview for a
-  labelled pod with a JSONPatch that sets the group's node selector;
+  labelled pod of a namespace the group admits with a JSONPatch that names the job and
+  mounts the agent's socket directory;
 - the controller container answers /healthz and writes the tokens Secret it makes at start
   into the API.
 """
@@ -114,7 +115,7 @@ def k8s(kmock: kmock.KubernetesEmulator) -> kmock.KubernetesEmulator:
         "apiVersion": "rlslice.dev/v1alpha1",
         "kind": "TimeSliceGroup",
         "metadata": {"name": "rl-a", "uid": "tsg-rl-a", "resourceVersion": "1"},
-        "spec": {"nodeSelector": {"gpu": "h200"}, "backend": "sim"},
+        "spec": {"nodeSelector": {"gpu": "h200"}, "backend": "sim", "namespaces": ["rl"]},
     }
     return kmock
 
@@ -268,7 +269,9 @@ async def test_the_webhook_container_answers_its_probe_and_mutates_a_labelled_po
     assert answer["response"]["uid"] == "review-1"
     assert answer["response"]["allowed"] is True
     ops = json.loads(base64.b64decode(answer["response"]["patch"]))
-    assert any(op["path"].startswith("/spec/nodeSelector") for op in ops), ops
+    paths = {op["path"] for op in ops}
+    assert "/metadata/labels/rlslice.dev~1job" in paths, ops  # the job's id
+    assert "/spec/volumes" in paths, ops  # the agent's socket directory
 
 
 async def test_the_controller_container_answers_its_probe_and_makes_the_tokens_secret(
