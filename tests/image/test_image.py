@@ -43,6 +43,9 @@ from . import components
 from .components import TOKENS
 from .conftest import Engine, free_port, run_detached
 
+# The first test to ask for the image builds it (about 1-2 min on 2 cores, more with a
+# fresh mmdebstrap base): beyond pytest's default per-test timeout.
+pytestmark = pytest.mark.timeout(600)
 HERE = Path(__file__).resolve().parent
 GROUP = "round"
 NODE = "node-a"
