@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlslice import env as names
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import MAX_ID_LENGTH, is_valid_id
 from rlslice.operator.spec import node_labels
@@ -170,20 +171,20 @@ def _as_label(text: str) -> str:
 
 def _env(job: str, group: str, settings: InjectionSettings, *, sim: bool) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": "RLSLICE_JOB", "value": job},
-        {"name": "RLSLICE_GROUP", "value": group},
-        {"name": "RLSLICE_SCHEDULER", "value": settings.scheduler_address},
-        {"name": "RLSLICE_AGENT_SOCKET", "value": settings.agent_socket},
+        {"name": names.JOB, "value": job},
+        {"name": names.GROUP, "value": group},
+        {"name": names.SCHEDULER, "value": settings.scheduler_address},
+        {"name": names.AGENT_SOCKET, "value": settings.agent_socket},
     ]
     if settings.token_secret:
         ref = {"name": settings.token_secret, "key": settings.token_secret_key}
-        env.append({"name": "RLSLICE_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+        env.append({"name": names.TOKEN, "valueFrom": {"secretKeyRef": ref}})
     if settings.tls_ca_secret:
-        env.append({"name": "RLSLICE_TLS_CA", "value": f"{_TLS_MOUNT}/ca.crt"})
+        env.append({"name": names.TLS_CA, "value": f"{_TLS_MOUNT}/ca.crt"})
     if sim:
-        env.append({"name": "RLSLICE_SIM_ROOT", "value": settings.sim_root_path})
+        env.append({"name": names.SIM_ROOT, "value": settings.sim_root_path})
         node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
-        env.append({"name": "RLSLICE_NODE", "valueFrom": node})
+        env.append({"name": names.NODE, "valueFrom": node})
     return env
 
 

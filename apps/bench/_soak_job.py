@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+from rlslice import env as env_names
 from rlslice.apps.worker_pipe import WorkerPipe
 
 PAGE = 4096
@@ -54,7 +55,7 @@ def worker(job: str, group: str, node_dir: str, device_index: int) -> int:
     give_up = time.monotonic() + 60
     while True:  # the node's agent may be down (killed by the soak) for a moment
         try:
-            register_with_agent(os.environ["RLSLICE_AGENT_SOCKET"], job, group)
+            register_with_agent(os.environ[env_names.AGENT_SOCKET], job, group)
             break
         except UnavailableError:
             if time.monotonic() > give_up:
@@ -95,7 +96,7 @@ class _Worker(WorkerPipe):
 
     def __init__(self, args: argparse.Namespace) -> None:
         env = dict(os.environ)
-        env["RLSLICE_AGENT_SOCKET"] = args.socket
+        env[env_names.AGENT_SOCKET] = args.socket
         argv = [
             sys.executable,
             "-m",
