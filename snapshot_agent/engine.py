@@ -833,6 +833,9 @@ class AgentEngine:
 
     async def _guard(self, handle: JobHandle, backend: Backend) -> None:
         nbytes = await backend.device_bytes(handle)
+        held = getattr(backend, "held_host_bytes", None)
+        if held is not None:  # staging the job keeps already: not asked for twice
+            nbytes = max(0, nbytes - int(await held(handle)))
         cgroups = await asyncio.to_thread(memguard.cgroup_headrooms, handle.pids)
         reason = memguard.refusal(
             handle.job,
@@ -933,3 +936,6 @@ class AgentEngine:
             log.debug("device usage unavailable: %s", error)
             devices = []
         self.metrics.observe_memory(devices, self._host_memory())
+        self.metrics.pinned_bytes.set(
+            sum(b.pinned_total() for b in self._backends.values() if hasattr(b, "pinned_total"))
+        )

@@ -106,6 +106,7 @@ class StreamWorkload:
                     reply.bytes,
                     reply.seconds,
                     reply.error.splitlines()[0] if reply.error else "",
+                    reply.pinned_bytes,
                 )
             )
 

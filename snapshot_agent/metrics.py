@@ -63,6 +63,12 @@ class AgentMetrics:
             "Host bytes taken by parked device state.",
             registry=self.registry,
         )
+        self.pinned_bytes = Gauge(
+            "rlslice_agent_pinned_bytes",
+            "Host buffer bytes the node's app workloads hold (parked copies and the pinned "
+            "staging they keep for the next swap, within their limit).",
+            registry=self.registry,
+        )
         self.info = Gauge(
             "rlslice_agent_info", "The agent's node.", list(labels), registry=self.registry
         )

@@ -111,8 +111,21 @@ async def answer(
             command_id=command.command_id, ok=False, error=f"{type(error).__name__}: {error}"
         )
     return agent_pb2.WorkloadReply(
-        command_id=command.command_id, ok=True, bytes=result.bytes, seconds=result.seconds
+        command_id=command.command_id,
+        ok=True,
+        bytes=result.bytes,
+        seconds=result.seconds,
+        pinned_bytes=pinned_bytes(offloader),
     )
+
+
+def pinned_bytes(offloader: object) -> int:
+    """Host buffer bytes an offloader holds (0 for one that keeps none, or cannot tell)."""
+    parts = getattr(offloader, "parts", None)
+    if parts is not None:
+        return sum(pinned_bytes(part) for part in parts)
+    value = getattr(offloader, "pinned_bytes", 0)
+    return int(value) if isinstance(value, int) else 0
 
 
 async def serve_offload(

@@ -14,7 +14,10 @@ for optimizer state and gradients that appeared since), naming the tensor, befor
 anything moves.
 
 Pinned buffers are kept between swaps (`keep_host_buffers`): pinning gigabytes takes far
-longer than copying them. Without CUDA (CPU-only torch) the same logic runs on CPU
+longer than copying them. The kept pool is bounded (`pinned_limit_bytes`): past the limit,
+buffers are freed after a restore instead of kept; `pinned_bytes` says what the process
+holds, and the workload loop reports it to the agent (its host-memory guard counts it, and
+its `rlslice_agent_pinned_bytes` gauge shows it). Without CUDA (CPU-only torch) the same logic runs on CPU
 tensors with plain host buffers, so it can be tested anywhere.
 """
 
@@ -89,15 +92,21 @@ class TorchOffloader:
         device_type: str | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         keep_host_buffers: bool = True,
+        pinned_limit_bytes: int | None = None,
     ) -> None:
         """`device_type`: which tensors move ("cuda" when torch sees a GPU, else "cpu", which
-        only makes sense for tests). `chunk_bytes`: size of each copy."""
+        only makes sense for tests). `chunk_bytes`: size of each copy. `pinned_limit_bytes`:
+        most bytes of host buffers kept between swaps (None: no limit; 0, or
+        `keep_host_buffers=False`: none kept)."""
         if chunk_bytes <= 0:
             raise InvalidArgumentError("chunk_bytes: must be positive")
+        if pinned_limit_bytes is not None and pinned_limit_bytes < 0:
+            raise InvalidArgumentError("pinned_limit_bytes: must be >= 0")
         self._device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
         self._cuda = self._device_type == "cuda"
         self._chunk = chunk_bytes
         self._keep = keep_host_buffers
+        self._limit = pinned_limit_bytes
         self._registered: list[tuple[Any, str, str]] = []
         self._parked: list[_Parked] = []
         self._pool: dict[int, list[torch.Tensor]] = {}
@@ -280,18 +289,35 @@ class TorchOffloader:
             moved = sum(entry.nbytes for entry in parked)
             return OffloadResult(bytes=moved, seconds=time.perf_counter() - start)
 
+    def _pooled(self) -> int:
+        return sum(b.numel() for buffers in self._pool.values() for b in buffers)
+
     def _recycle(self, entries: Iterable[_Parked]) -> None:
+        """Keep host buffers for the next swap, within the limit; the rest are freed."""
         if not self._keep:
             return
+        room = None if self._limit is None else self._limit - self._pooled()
         for entry in entries:
-            if entry.host is not None:
-                self._pool.setdefault(entry.nbytes, []).append(entry.host)
+            if entry.host is None:
+                continue
+            if room is not None:
+                if entry.nbytes > room:
+                    continue  # freed when the last reference goes
+                room -= entry.nbytes
+            self._pool.setdefault(entry.nbytes, []).append(entry.host)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Host buffer bytes this offloader holds now: the parked state's and the pool's."""
+        with self._lock:
+            parked = sum(e.host.numel() for e in self._parked if e.host is not None)
+            return parked + self._pooled()
 
     def free_host_buffers(self) -> int:
         """Drop the pinned buffers kept for the next swap; bytes freed."""
         with self._lock:
             if self._parked:
                 raise FailedPreconditionError("free_host_buffers: state is offloaded now")
-            freed = sum(b.numel() for buffers in self._pool.values() for b in buffers)
+            freed = self._pooled()
             self._pool.clear()
             return freed

@@ -73,6 +73,8 @@ class AppBackend:
     def __init__(self, context: BackendContext, *, nvml: Nvml | None = None) -> None:
         self._context = context
         self._options = dict(context.options)
+        self._pinned: dict[str, int] = {}
+        """Job -> host buffer bytes its workloads said they hold after their last command."""
         self._nvml = nvml if nvml is not None else Nvml()
 
     async def probe(self) -> ProbeResult:
@@ -144,8 +146,23 @@ class AppBackend:
             await self._roll_back(job, back)
             index, answer = failures[0]
             raise BackendError(f"app: workload {index} of job {job.job}: {_why(answer)}; restored")
+        self._note_pinned(job, answers)
         moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
         return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
+
+    def _note_pinned(self, job: JobHandle, answers: Sequence[object]) -> None:
+        self._pinned[job.job] = sum(
+            a.pinned_bytes for a in answers if isinstance(a, WorkloadAnswer)
+        )
+
+    async def held_host_bytes(self, job: JobHandle) -> int:
+        """Host buffer bytes the job's workloads hold already (kept pinned staging, reused
+        by their next offload): the host-memory guard does not ask for them twice."""
+        return self._pinned.get(job.job, 0)
+
+    def pinned_total(self) -> int:
+        """Host buffer bytes every job's workloads on this node said they hold."""
+        return sum(self._pinned.values())
 
     async def _roll_back(self, job: JobHandle, links: Sequence[WorkloadLink]) -> None:
         if not links:
@@ -178,6 +195,7 @@ class AppBackend:
         if failures:
             index, answer = failures[0]
             raise BackendError(f"app: workload {index} of job {job.job}: restore: {_why(answer)}")
+        self._note_pinned(job, answers)
         moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
         return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
 
@@ -194,6 +212,7 @@ class AppBackend:
 
     async def release(self, job: JobHandle) -> int:
         # Parked tensors live in the workload's own pinned buffers, freed with its process.
+        self._pinned.pop(job.job, None)
         return 0
 
     async def devices(self) -> Sequence[DeviceUsage]:

@@ -46,6 +46,8 @@ class WorkloadAnswer:
     bytes: int = 0
     seconds: float = 0.0
     error: str = ""
+    pinned_bytes: int = 0
+    """Host buffer bytes the workload holds after the command (parked copy and kept staging)."""
 
 
 class WorkloadLink(Protocol):

@@ -35,6 +35,7 @@ AGENT: dict[str, tuple[str, frozenset[str]]] = {
     "rlslice_agent_device_total_bytes": ("gauge", frozenset({"device"})),
     "rlslice_agent_host_available_bytes": ("gauge", frozenset()),
     "rlslice_agent_parked_bytes": ("gauge", frozenset()),
+    "rlslice_agent_pinned_bytes": ("gauge", frozenset()),
     # Always 1; joins a node name onto the agent's other series (`* on (instance) group_left (node)`).
     "rlslice_agent_info": ("gauge", frozenset({"node"})),
 }

@@ -565,6 +565,7 @@ class WorkloadReply(google.protobuf.message.Message):
     BYTES_FIELD_NUMBER: builtins.int
     ERROR_FIELD_NUMBER: builtins.int
     SECONDS_FIELD_NUMBER: builtins.int
+    PINNED_BYTES_FIELD_NUMBER: builtins.int
     command_id: builtins.int
     """Id of the command answered."""
     ok: builtins.bool
@@ -575,6 +576,11 @@ class WorkloadReply(google.protobuf.message.Message):
     """Failure reason when not ok."""
     seconds: builtins.float
     """Seconds the workload spent."""
+    pinned_bytes: builtins.int
+    """Host buffer bytes the workload holds after the command: the parked copy and the pinned
+    staging it keeps for the next swap (bounded by its limit). The agent's host-memory
+    guard counts them as taken already; `rlslice_agent_pinned_bytes` shows them.
+    """
     def __init__(
         self,
         *,
@@ -583,8 +589,9 @@ class WorkloadReply(google.protobuf.message.Message):
         bytes: builtins.int = ...,
         error: builtins.str = ...,
         seconds: builtins.float = ...,
+        pinned_bytes: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "command_id", b"command_id", "error", b"error", "ok", b"ok", "seconds", b"seconds"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "command_id", b"command_id", "error", b"error", "ok", b"ok", "pinned_bytes", b"pinned_bytes", "seconds", b"seconds"]) -> None: ...
 
 global___WorkloadReply = WorkloadReply
 
