@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlslice import env
 from rlslice.config import TLSConfig
@@ -128,13 +129,14 @@ def env_flag(
     type: Callable[[str], object] = str,
     default: object = None,
     switch: bool = False,
+    **extra: Any,
 ) -> None:
     """Add `flag`, whose default is the environment variable `variable` when it is set.
 
     The one way a server command's flag reads the environment: `--help` names the variable,
     a flag given on the command line wins, and a variable that does not parse stops the
     command with one line naming it (exit 2). `switch=True` makes an on/off flag whose
-    variable takes `boolean` values.
+    variable takes `boolean` values; `extra` goes to `add_argument` (`choices=...`).
     """
     raw = os.environ.get(variable, "").strip()
     parse: Callable[[str], object] = boolean if switch else type
@@ -145,6 +147,6 @@ def env_flag(
     shown = "" if default in (None, False) else f"; default {default}"
     text = f"{help} ({variable}{shown})"
     if switch:
-        parser.add_argument(flag, action="store_true", default=bool(value), help=text)
+        parser.add_argument(flag, action="store_true", default=bool(value), help=text, **extra)
     else:
-        parser.add_argument(flag, type=type, default=value, help=text)
+        parser.add_argument(flag, type=type, default=value, help=text, **extra)

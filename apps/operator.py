@@ -10,11 +10,15 @@ import argparse
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
+from rlslice.apps.flags import env_flag
+from rlslice.env import DEFAULT_SCHEDULER_PORT, read_token_file
 from rlslice.operator.mutation import SYSTEM_NAMESPACES
 
 _DEFAULTS: dict[str, str] = {
-    "scheduler": "rlslice-scheduler:50051",
+    # The chart's Service name and the scheduler's port (rlslice.env.DEFAULT_SCHEDULER_PORT).
+    "scheduler": f"rlslice-scheduler:{DEFAULT_SCHEDULER_PORT}",
     "status_interval": "10",
     "delete_timeout": "300",
     "rpc_timeout": "10",
@@ -27,18 +31,13 @@ _DEFAULTS: dict[str, str] = {
 }
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(f"RLSLICE_OPERATOR_{name.upper()}", "").strip()
-    return value or default
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the operator's flags (defaults from `RLSLICE_OPERATOR_<FLAG>` variables)."""
 
-    def flag(name: str, help_text: str, **kwargs: object) -> None:
+    def flag(name: str, help_text: str, **extra: Any) -> None:
         dest = name.replace("-", "_")
-        default = _env(dest, _DEFAULTS.get(dest))
-        parser.add_argument(f"--{name}", dest=dest, default=default, help=help_text, **kwargs)  # type: ignore[arg-type]
+        variable = f"RLSLICE_OPERATOR_{dest.upper()}"
+        env_flag(parser, f"--{name}", variable, help_text, default=_DEFAULTS.get(dest), **extra)
 
     flag(
         "role",
@@ -79,10 +78,10 @@ def _names(text: str | None) -> tuple[str, ...]:
     return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
-def _read_token(file: str | None, env: str) -> str | None:
+def _read_token(file: str | None, variable: str) -> str | None:
     if file:
-        return Path(file).read_text().strip() or None
-    return os.environ.get(env, "").strip() or None
+        return read_token_file(Path(file), "--admin-token-file")
+    return os.environ.get(variable, "").strip() or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,8 +90,36 @@ def run(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from rlslice.config import TLSConfig
     from rlslice.operator.handlers import build_registry, login_in_cluster, operator_settings
+
+    config = config_from(args)
+    health = int(args.health_port)
+
+    async def main() -> int:
+        nonlocal config
+        if config.reconciles and (args.tokens_secret or args.webhook_tls_secret):
+            tokens = await _bootstrap(args)
+            if tokens is None:
+                return 1
+            if tokens.get("admin-token") and not config.admin_token:
+                config = dataclasses.replace(config, admin_token=tokens["admin-token"])
+        registry = build_registry(config)
+        login_in_cluster(registry)
+        await kopf.operator(
+            registry=registry,
+            settings=operator_settings(config),
+            clusterwide=True,
+            standalone=True,
+            liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health else None,
+        )
+        return 0
+
+    return asyncio.run(main())
+
+
+def config_from(args: argparse.Namespace) -> Any:
+    """The `OperatorConfig` the flags describe."""
+    from rlslice.config import TLSConfig
     from rlslice.operator.mutation import InjectionSettings
     from rlslice.operator.settings import OperatorConfig, WebhookSettings
 
@@ -124,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             keyfile=Path(args.webhook_key) if args.webhook_key else None,
         )
     admin_token = _read_token(args.admin_token_file, "RLSLICE_ADMIN_TOKEN")
-    config = OperatorConfig(
+    return OperatorConfig(
         scheduler_address=args.scheduler,
         injection=injection,
         admin_token=admin_token,
@@ -135,28 +162,6 @@ def run(args: argparse.Namespace) -> int:
         webhook=webhook,
         role=args.role,
     )
-    health = int(args.health_port)
-
-    async def main() -> int:
-        nonlocal config
-        if config.reconciles and (args.tokens_secret or args.webhook_tls_secret):
-            tokens = await _bootstrap(args)
-            if tokens is None:
-                return 1
-            if tokens.get("admin-token") and not config.admin_token:
-                config = dataclasses.replace(config, admin_token=tokens["admin-token"])
-        registry = build_registry(config)
-        login_in_cluster(registry)
-        await kopf.operator(
-            registry=registry,
-            settings=operator_settings(config),
-            clusterwide=True,
-            standalone=True,
-            liveness_endpoint=f"http://0.0.0.0:{health}/healthz" if health else None,
-        )
-        return 0
-
-    return asyncio.run(main())
 
 
 async def _bootstrap(args: argparse.Namespace) -> dict[str, str] | None:
