@@ -63,7 +63,8 @@ def _numbers(value: dict[str, Any], descriptor: Any) -> dict[str, Any]:
             elif item.cpp_type in wide:
                 value[field.name] = {k: int(v) for k, v in value[field.name].items()}
         elif entry is not None:
-            if field.label == F.LABEL_REPEATED:
+            # protobuf 7 (what `pip install rlslice` resolves) has no `label`.
+            if field.is_repeated:
                 value[field.name] = [_numbers(v, entry) for v in value[field.name]]
             else:
                 value[field.name] = _numbers(value[field.name], entry)
