@@ -12,12 +12,15 @@ service = start_offload_thread(offloader, job="trainer-a", group="gpus")
 
 `serve_offload` is the same loop as a coroutine. `VllmOffloader(port)` and
 `SglangOffloader(port)` put the job's own local inference server to sleep and wake it.
+`MemorySaverOffloader()` parks what a preloaded torch-memory-saver allocated in its regions,
+with no `register` calls.
 See docs/backends.md.
 """
 
 from typing import TYPE_CHECKING
 
 from rlslice.client.offload._http import SglangOffloader, VllmOffloader
+from rlslice.client.offload._memory_saver import MemorySaverOffloader
 from rlslice.client.offload._serve import (
     AGENT_SOCKET_ENV,
     OffloadThread,
@@ -33,6 +36,7 @@ __all__ = [
     "AGENT_SOCKET_ENV",
     "DISCARD",
     "OFFLOAD",
+    "MemorySaverOffloader",
     "OffloadResult",
     "OffloadThread",
     "Offloader",
