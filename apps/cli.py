@@ -122,8 +122,12 @@ def _command_in(argv: Sequence[str]) -> str | None:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The argument parser. Every subcommand is listed; each is configured (its module
     imported) unless `only` names another one: `main` configures just the chosen one."""
+    # No abbreviations: `--token x` must never be taken for `--token-file x`, and a flag
+    # added later must never change what an old abbreviation meant.
     parser = argparse.ArgumentParser(
-        prog="rlslice", description="Time-slice GPUs between reinforcement-learning jobs."
+        prog="rlslice",
+        description="Time-slice GPUs between reinforcement-learning jobs.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"rlslice {__version__}")
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS)
@@ -134,7 +138,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in COMMANDS.items():
         subparser = sub.add_parser(
-            name, help=command.help, description=command.help, parents=[common]
+            name,
+            help=command.help,
+            description=command.help,
+            parents=[common],
+            allow_abbrev=False,
         )
         if only is None or only == name:
             module = importlib.import_module(command.module)
