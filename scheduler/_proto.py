@@ -21,8 +21,9 @@ _EVENT_KIND["snapshot"] = pb.EVENT_KIND_SNAPSHOT
 
 
 def phase(state: GroupState) -> str:
-    """ "Idle", "Held", "Switching" or "Degraded" (some job is FAULTED)."""
-    if state.switch is not None:
+    """ "Idle", "Held", "Switching" or "Degraded" (some job is FAULTED). A prefetch beside
+    the holder is not a switch: the group is held meanwhile."""
+    if state.switch is not None and state.switch.purpose == "grant":
         return "Switching"
     if state.faulted:
         return "Degraded"

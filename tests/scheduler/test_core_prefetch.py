@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlslice.scheduler._proto import phase as group_phase
 from rlslice.scheduler.core import Location, actions, events
 from rlslice.scheduler.core.actions import Kind
 
@@ -57,6 +58,7 @@ def test_a_parked_waiter_is_restored_beside_the_holder_and_granted_at_its_yield(
     switch = d.state.switch
     assert switch is not None
     assert (switch.purpose, switch.incoming, switch.ticket) == ("prefetch", "b", None)
+    assert group_phase(d.state) == "Held"  # a prefetch beside the holder is not a switch
     assert "a" not in switch.candidates  # the holder is never evicted for a prefetch
     assert switch.restore is True
     grants = len(d.grants)
