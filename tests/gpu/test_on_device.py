@@ -104,6 +104,45 @@ def test_the_torch_offloader_gives_device_memory_back_on_a_gpu() -> None:
     assert torch.equal(state, saved[1])
 
 
+TRANSPARENT_CHILD = """
+import torch
+from torch_memory_saver import torch_memory_saver
+from rlslice.client.offload import MemorySaverOffloader
+with torch_memory_saver.region(enable_cpu_backup=True):
+    x = torch.randn(64 << 20, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
+expected = x.double().sum().item()
+torch.cuda.synchronize()
+offloader = MemorySaverOffloader()
+out = offloader.offload()
+back = offloader.restore()
+same = x.double().sum().item() == expected
+print(out.bytes, back.bytes, "same" if same else "changed", flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_the_transparent_path_parks_a_region_and_brings_the_same_bytes_back() -> None:
+    """Needs torch-memory-saver installed (the child preloads its hook library)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("torch_memory_saver")
+    from rlslice.client.offload._memory_saver import preload_path
+
+    env = {**os.environ, "LD_PRELOAD": preload_path()}
+    done = subprocess.run(
+        [sys.executable, "-c", TRANSPARENT_CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out, back, verdict = done.stdout.split()
+    assert int(out) >= 200 << 20  # the 256 MiB region left the device (NVML)
+    assert int(back) >= 200 << 20
+    assert verdict == "same"
+
+
 CHILD = """
 import sys, torch
 x = torch.randn(128 << 20, device="cuda", generator=torch.Generator("cuda").manual_seed(7))
