@@ -73,8 +73,8 @@ FEATURES: dict[tuple[str, str], str] = {
     # rich tables where the console extra is installed, plain text otherwise
     ("rlslice.apps.status", "rich"): "console",
 }
-#: brought by the job itself (the `app` backend's offloader, the swap benchmark)
-JOBS_OWN = {"torch"}
+#: brought by the job itself (the `app` backend's offloaders, the swap benchmark)
+JOBS_OWN = {"torch", "torch_memory_saver"}
 #: extras that pull frameworks for recipes, not imports of the package
 FRAMEWORK_EXTRAS = {"ray", "trl"}
 _OPTIONAL_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
@@ -206,7 +206,10 @@ def _installed() -> Mapping[str, list[str]]:
 
 def _distributions(top: str) -> set[str]:
     mapping = _installed()
-    assert top in mapping, f"{top} is not installed in the development venv"
+    assert top in mapping, (
+        f"{top} is not installed in the development venv: declare it in an extra (and the "
+        "dev group), or name it in JOBS_OWN when the job itself brings it"
+    )
     return {_canonical(d) for d in mapping[top]}
 
 
