@@ -53,4 +53,4 @@ image: venv
 	IMAGE="$(IMAGE)" BASE="$(BASE)" EXTRAS="$(EXTRAS)" PYTHON=$(BIN)/python tools/image/build.sh
 
 clean:
-	rm -rf $(VENV) .typecheck .tools build *.egg-info
+	rm -rf $(VENV) .typecheck .tools build *.egg-info .whl
