@@ -9,7 +9,9 @@ exits with CMD's status (128 + N when CMD died of signal N).
 
 Environment given to CMD: RLSLICE_JOB, RLSLICE_GROUP, RLSLICE_AGENT_SOCKET,
 RLSLICE_AGENT_REGISTERED=1, RLSLICE_NODE (the agent's node name), and RLSLICE_SCHEDULER
-when --scheduler is given.
+when --scheduler is given. `--transparent` also preloads torch-memory-saver's hook library
+(LD_PRELOAD, before any already there), so `MemorySaverOffloader` can park what the job
+allocates in its regions without `register` calls (docs/backends.md).
 
 Inside a Slurm allocation (`srun rlslice run -- python train.py`) the job and group default
 to the allocation's (`rlslice.apps._slurm`): job `slurm-<SLURM_JOB_ID>`, group named after
@@ -71,6 +73,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="do not register with an agent (the job cannot be snapshotted)",
     )
     parser.add_argument(
+        "--transparent",
+        action="store_true",
+        help="preload torch-memory-saver's hook library (LD_PRELOAD) for the app backend's "
+        "transparent path; needs `pip install torch-memory-saver`",
+    )
+    parser.add_argument(
         "--print-group-config",
         action="store_true",
         help="print the scheduler's --group-config for this Slurm allocation and exit",
@@ -117,6 +125,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlslice run: {error}", file=sys.stderr)
         return 2
     socket_path = str(args.agent_socket or default_socket_path())
+    args.preload = ""
+    if args.transparent:
+        from rlslice._errors import FailedPreconditionError
+        from rlslice.client.offload._memory_saver import preload_path
+
+        try:
+            args.preload = preload_path()
+        except FailedPreconditionError as error:
+            print(f"rlslice run: --transparent: {error}", file=sys.stderr)
+            return 2
 
     forwarded = {getattr(signal, name) for name in _FORWARDED}
     watched = forwarded | {signal.SIGCHLD}
@@ -142,6 +160,9 @@ def _child(
         env[ENV_NODE] = node_label(slurm_node)  # the agent's answer replaces it below
     if args.scheduler:
         env[ENV_SCHEDULER] = args.scheduler
+    if getattr(args, "preload", ""):
+        earlier = env.get("LD_PRELOAD", "")
+        env["LD_PRELOAD"] = f"{args.preload}:{earlier}" if earlier else args.preload
     try:
         if not args.no_register:
             from rlslice._errors import RlsliceError
