@@ -216,12 +216,14 @@ class Coordinator:
         if switch.purpose == "unprefetch":
             plan = plan_park(switch.incoming, reports)
         elif switch.purpose == "prefetch":
+            holding = state.jobs.get(state.holder) if state.holder is not None else None
             plan = plan_prefetch(
                 need,
                 reports,
                 switch.candidates,
                 holder=state.holder,
                 headroom_bytes=spec.headroom_bytes,
+                holder_declared_bytes=holding.device_bytes if holding is not None else 0,
             )
             if plan is None:
                 return events.PrefetchSkipped(switch.epoch, "does not fit beside the holder")

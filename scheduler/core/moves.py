@@ -12,8 +12,9 @@ these functions return; a node that did not answer is `answered=False`.
 - `plan_park`: the snapshots that park a prefetched waiter again once it left.
 - `plan_prefetch`: the same for restoring the head waiter beside the holder before the
   holder yields. The holder is never evicted for it; other resident jobs are, LRU first,
-  only when that makes the waiter fit. No plan (None) when it cannot fit, when a node is
-  silent, or when nothing is parked: a prefetch never moves blind.
+  only when that makes the waiter fit. What the holder declared but does not hold yet
+  (a job granted before it allocates) counts as taken. No plan (None) when it cannot fit,
+  when a node is silent, or when nothing is parked: a prefetch never moves blind.
 
 A job's bytes are taken as spread evenly over a node's devices, so it fits only where the
 fullest device has room for its share: summing free memory over devices would restore a job
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlslice.scheduler.core.residency import NodeMemory, choose_evictions
 
@@ -130,10 +131,13 @@ def plan_prefetch(
     *,
     holder: str | None,
     headroom_bytes: int = 0,
+    holder_declared_bytes: int = 0,
 ) -> MovePlan | None:
     """The moves that restore `need.job` beside `holder` now, or None; see the docstring."""
     if not reports or not all(r.answered for r in reports):
         return None
+    if holder is not None and holder_declared_bytes:
+        reports = [_reserve(r, holder, holder_declared_bytes) for r in reports]
     if not any(_in_host(r, need.job) for r in reports):
         # Nothing parked. On the devices already (a prefetch resumed after a restart
         # whose restores had finished): done, with nothing to move; else nothing to do.
@@ -144,6 +148,17 @@ def plan_prefetch(
     if chosen is None or not fit:
         return None
     return MovePlan(chosen, _node_moves(need, reports, chosen))
+
+
+def _reserve(report: NodeReport, holder: str, declared: int) -> NodeReport:
+    """`report` with what `holder` declared but does not hold there yet taken off its
+    devices (spread evenly, as a job's bytes are taken to be)."""
+    held = report.jobs.get(holder)
+    missing = declared - (held.device_bytes if held is not None else 0)
+    if missing <= 0 or not report.device_free:
+        return report
+    share = -(-missing // len(report.device_free))
+    return replace(report, device_free=tuple(max(0, f - share) for f in report.device_free))
 
 
 def plan_park(job: str, reports: Sequence[NodeReport]) -> MovePlan:

@@ -7,7 +7,8 @@ every candidate; a job parked already (a resumed switch) counts as evicted; a jo
 one node only is snapshotted there only.
 plan_prefetch cases: fits -> restore only; the holder is never evicted; another resident is,
 when that makes room; no room even then -> None; silent node -> None; nothing parked -> None,
-unless it runs already (a resumed prefetch): an empty plan.
+unless it runs already (a resumed prefetch): an empty plan; what the holder declared but has
+not allocated yet counts as taken.
 plan_park: snapshots where the job is not parked.
 """
 
@@ -131,6 +132,19 @@ def test_plan_prefetch(
     evict, moves = expected
     assert plan.evict == evict
     assert plan.nodes == tuple(NodeMoves(n, s, r) for n, s, r in moves)
+
+
+def test_what_the_holder_declared_but_has_not_allocated_keeps_a_prefetch_out() -> None:
+    # The holder a was granted before it allocated (0 of its 6 GiB on the device): b's
+    # 4 GiB must not come back beside it (found by the Slurm example: a's load then ran out
+    # of emulated memory).
+    early = [node("n1", 8 * G, a=(R, 0), b=(P, 4 * G))]
+    assert plan_prefetch(Need("b"), early, ["a"], holder="a", holder_declared_bytes=6 * G) is None
+    assert plan_prefetch(Need("b"), early, ["a"], holder="a") is not None
+    allocated = [node("n1", 2 * G, a=(R, 6 * G), b=(P, 2 * G))]
+    plan = plan_prefetch(Need("b"), allocated, ["a"], holder="a", holder_declared_bytes=6 * G)
+    assert plan is not None
+    assert plan.nodes == (NodeMoves("n1", (), "b"),)
 
 
 def test_headroom_keeps_a_prefetch_out() -> None:
