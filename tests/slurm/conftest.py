@@ -1,12 +1,13 @@
-"""A real one-node Slurm cluster for the tests: `munged`, `slurmctld` and `slurmd` started
-from a generated `slurm.conf` and munge key in a temporary directory, stopped by pid and
-removed at the end.
+"""A real Slurm cluster for the tests: `munged`, `slurmctld` and two `slurmd` (nodes `rl1`
+and `rl2`, both on this host, each with its own port, spool and log) started from a
+generated `slurm.conf` and munge key in a temporary directory, stopped by pid and removed at
+the end. One-node tests pin themselves to `rl1`; the multi-node test spans both.
 
 Needs Debian's `slurmctld`, `slurmd`, `slurm-client` and `munge` (`.ci/run` installs them)
 and root (slurmd launches jobs as their users; the privacy test reads as `nobody`). Without
 them the tests skip, except under `CI=true`, where they fail.
 
-The node has two GPUs for `--gres=gpu:N`: gres.conf points at two links to /dev/null, so
+Each node has two GPUs for `--gres=gpu:N`: gres.conf points at two links to /dev/null, so
 Slurm binds them and sets `CUDA_VISIBLE_DEVICES` as it does for real GPUs (task/none: no
 device cgroup is enforced). Accounting is off: job states come from `scontrol show job`.
 The tests run as root, so `Slurm.processes()` reads every process's argv and environment.
@@ -87,7 +88,7 @@ class Slurm:
     """A running one-node cluster and the client environment that reaches it."""
 
     root: Path
-    node: str
+    nodes: tuple[str, ...]
     env: dict[str, str]
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -117,6 +118,11 @@ class Slurm:
         text = self.run("scontrol", "show", "job", "--oneliner", job_id)
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
+    @property
+    def node(self) -> str:
+        """The first node, where one-node tests run."""
+        return self.nodes[0]
+
     processes = staticmethod(processes)
     of_job = staticmethod(of_job)
 
@@ -131,7 +137,7 @@ class Slurm:
         raise AssertionError(f"job {job_id} still {self.job(job_id).get('JobState')}")
 
 
-def _write_config(root: Path, node: str) -> Path:
+def _write_config(root: Path, host: str, nodes: tuple[str, ...]) -> Path:
     (root / "gpus").mkdir()
     for index in range(2):
         (root / "gpus" / f"gpu{index}").symlink_to("/dev/null")  # a character device
@@ -139,22 +145,26 @@ def _write_config(root: Path, node: str) -> Path:
         (root / name).mkdir()
     cpus = os.cpu_count() or 1
     conf = root / "slurm.conf"
+    node_lines = "".join(
+        f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} "
+        f"CPUs={cpus} RealMemory=1000 Gres=gpu:2 State=UNKNOWN\n"
+        for node in nodes
+    )
     conf.write_text(
         f"""ClusterName=rlslice-test
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 AuthType=auth/munge
 AuthInfo=socket={root}/munge-run/socket
 CredType=cred/munge
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
@@ -162,15 +172,14 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 MpiDefault=none
-KillWait=5
+KillWait=12
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 GresTypes=gpu
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE OverSubscribe=FORCE:4 State=UP
+{node_lines}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE OverSubscribe=FORCE:4 State=UP
 """
     )
-    (root / "gres.conf").write_text(f"NodeName={node} Name=gpu File={root}/gpus/gpu[0-1]\n")
+    (root / "gres.conf").write_text(f"Name=gpu File={root}/gpus/gpu[0-1]\n")
     return conf
 
 
@@ -202,8 +211,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         _unavailable("the Slurm tests run slurmd as root (it launches jobs as their users)")
     root = tmp_path_factory.mktemp("slurm")
     root.chmod(0o755)  # jobs of other users reach the munge socket through it
-    node = socket.gethostname().split(".")[0]
-    conf = _write_config(root, node)
+    host = socket.gethostname().split(".")[0]
+    nodes = ("rl1", "rl2")
+    conf = _write_config(root, host, nodes)
     (root / "munge").mkdir(mode=0o700)
     (root / "munge-run").mkdir(mode=0o755)
     key = root / "munge" / "munge.key"
@@ -215,7 +225,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONSAFEPATH": "1",
     }
-    cluster = Slurm(root, node, env)
+    cluster = Slurm(root, nodes, env)
     logs = root / "log"
     started: list[subprocess.Popen[bytes]] = []
 
@@ -241,20 +251,21 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
         )
         _wait_for(lambda: (root / "munge-run" / "socket").exists(), 15, "munged's socket", logs)
         start("slurmctld", ["slurmctld", "-D", "-f", str(conf)])
-        start("slurmd", ["slurmd", "-D", "-f", str(conf), "-N", node])
+        for node in nodes:
+            start(f"slurmd-{node}", ["slurmd", "-D", "-f", str(conf), "-N", node])
 
         def idle() -> bool:
             done = subprocess.run(
-                ["sinfo", "-h", "-n", node, "-o", "%T"],
+                ["sinfo", "--noheader", "--Node", "--format", "%T"],
                 env=env,
                 capture_output=True,
                 text=True,
                 timeout=10,
                 check=False,
             )
-            return done.stdout.strip() == "idle"
+            return done.stdout.split() == ["idle"] * len(nodes)
 
-        _wait_for(idle, 30, "the node to become idle", logs)
+        _wait_for(idle, 30, "the nodes to become idle", logs)
         yield cluster
     finally:
         subprocess.run(["scancel", "--full", "--user", "root"], env=env, check=False, timeout=30)

@@ -1,12 +1,15 @@
-"""`examples/slurm/two_node_group.sbatch` under a real Slurm (one node, two `--gres` GPUs,
-the `sim` backend): the script brings up a scheduler and an agent inside the allocation and
-runs two RL jobs that take turns on the node's GPUs.
+"""`examples/slurm/two_node_group.sbatch` under a real Slurm on the `sim` backend: the script
+brings up a scheduler and an agent per node inside the allocation and runs two RL jobs that
+take turns on the group's GPUs.
 
 Cases:
-- the allocation completes; both jobs finish their steps on both emulated GPUs Slurm bound
-  (`--gres=gpu:2`), the scheduler counts switches between them and moved bytes, and some
-  grant restored a parked job's state; afterwards the private directory, the node's runtime
+- one node, `--gres=gpu:2`: the allocation completes; both jobs finish their steps on both
+  emulated GPUs Slurm bound, the scheduler counts switches between them and moved bytes, and
+  some grant restored a parked job's state; afterwards the private directory, the runtime
   directory and every process of the allocation are gone;
+- two nodes, `--gres=gpu:2` each: the group spans both nodes, each job runs a rank per node
+  (rank 0 drives the others over torch.distributed), every switch moves the state on both
+  nodes, and both jobs complete;
 - while it runs, the tokens are private: files 0600 in a 0700 directory; another user
   (`nobody`) can neither read them nor list the directory nor reach the agent's socket; no
   process shows a token in its argv (world-readable), and every process whose environment
@@ -50,12 +53,24 @@ def public(tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _submit(slurm: Any, tmp_path: Path, public: Path, steps: int) -> tuple[str, Path, Path]:
+def _submit(
+    slurm: Any, tmp_path: Path, public: Path, steps: int, nodes: int = 1
+) -> tuple[str, Path, Path]:
     state = public / "state"
     report = tmp_path / "report"
+    where = {
+        1: ["--nodes=1", f"--nodelist={slurm.node}", "--gres=gpu:2"],
+        2: ["--nodes=2", "--gres=gpu:2"],
+    }[nodes]
+    # Two nodes on one host: everything on loopback, the ranks' gloo too.
+    loopback = {
+        "RLSLICE_BIND": "127.0.0.1",
+        "RLSLICE_HEAD_ADDRESS": "127.0.0.1",
+        "MASTER_ADDR": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
     job_id = slurm.sbatch(
-        "--nodes=1",
-        "--gres=gpu:2",
+        *where,
         f"--chdir={EXAMPLE}",
         f"--output={tmp_path}/slurm-%j.out",
         str(SCRIPT),
@@ -66,6 +81,7 @@ def _submit(slurm: Any, tmp_path: Path, public: Path, steps: int) -> tuple[str, 
             "RLSLICE_SIM_CAPACITY": f"{STATE_MIB * 3 // 2}MiB",  # one job's state per GPU
             "TRAIN_STEPS": str(steps),
             "TRAIN_STATE_MIB": str(STATE_MIB),
+            **(loopback if nodes > 1 else {}),
         },
     )
     return job_id, state, report
@@ -134,6 +150,7 @@ def _as_nobody(paths: list[Path], folder: Path, sock: Path) -> list[str]:
 
 
 def _check_tokens_private(slurm: Any, state: Path, run_dir: Path, job_id: str) -> None:
+    node_dir = run_dir / slurm.node
     assert state.stat().st_mode & 0o777 == 0o700
     tokens = {}
     for role in ("job", "admin", "agent"):
@@ -142,10 +159,11 @@ def _check_tokens_private(slurm: Any, state: Path, run_dir: Path, job_id: str) -
         tokens[role] = path.read_text().strip().encode()
         assert len(tokens[role]) >= 32
     assert run_dir.stat().st_mode & 0o777 == 0o700
+    assert node_dir.stat().st_mode & 0o777 == 0o700
 
     control = state.parent / "control.txt"
     got = _as_nobody(
-        [control, state / "job.token", state / "admin.token"], state, run_dir / "agent.sock"
+        [control, state / "job.token", state / "admin.token"], state, node_dir / "agent.sock"
     )
     assert got == ["read control.txt"], f"nobody got through: {got}"
 
@@ -220,4 +238,33 @@ def test_scancel_while_a_job_is_parked_leaves_no_process_and_no_frozen_worker(
     _poll(lambda: not slurm.of_job(job_id), 30, "no process of the allocation left")
     marker = str(run_dir).encode()
     assert not [p.pid for p in slurm.processes() if p.state == "T" and marker in p.environ]
-    _poll(lambda: not state.exists() and not run_dir.exists(), 15, "the private files removed")
+    _poll(lambda: not state.exists() and not run_dir.exists(), 30, "the private files removed")
+
+
+def test_two_nodes_make_one_group_and_every_switch_moves_state_on_both(
+    slurm: Any, tmp_path: Path, public: Path
+) -> None:
+    started = time.monotonic()
+    job_id, state, report = _submit(slurm, tmp_path, public, steps=2, nodes=2)
+    fields = _wait_done(slurm, job_id, tmp_path, timeout=100)
+    elapsed = time.monotonic() - started
+    output = _output(tmp_path, job_id)
+    assert fields["JobState"] == "COMPLETED", output
+    assert fields["NodeList"] == "rl[1-2]"
+    for job in ("grpo-a", "grpo-b"):
+        assert f"{job}: done, 2 steps" in output
+
+    (group,) = json.loads(Path(f"{report}.status.json").read_text())
+    assert group["spec"]["nodes"] == list(slurm.nodes)
+    switches = int(group.get("switches", 0))
+    moved = _metric(
+        Path(f"{report}.metrics.txt").read_text(), "rlslice_scheduler_moved_bytes_total"
+    )
+    print(f"\ntwo nodes: {switches} switches, {moved / 2**20:.0f} MiB moved, {elapsed:.1f} s")
+    assert switches >= 2, group
+    restored = [int(b) for b in re.findall(r"restored True moved (\d+) bytes", output)]
+    # A restore brings one job's state back on both GPUs of both nodes.
+    assert restored
+    assert max(restored) >= 2 * 2 * STATE_MIB * 2**20
+    assert not state.exists()
+    _poll(lambda: not slurm.of_job(job_id), 30, "the allocation's processes to end")

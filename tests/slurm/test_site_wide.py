@@ -129,6 +129,7 @@ def test_jobs_that_only_call_rlslice_run_share_the_nodes_gpus(
         slurm.sbatch(
             "--gres=gpu:1",
             "--ntasks=1",
+            f"--nodelist={slurm.node}",
             f"--chdir={EXAMPLE}",
             f"--output={tmp_path}/slurm-%j.out",
             "--wrap",
