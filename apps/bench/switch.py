@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--link-gbps", type=float, default=50.0, help="device link each way, GB/s (50)"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="switches per size (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="switches per size (median)")
     parser.add_argument(
         "--prefetch-size", default="4GiB", help="GiB-equivalent size of the prefetch jobs"
     )
