@@ -260,6 +260,7 @@ class Leases:
 
     async def _unregister(self, lease: Lease) -> None:
         loop = asyncio.get_running_loop()
+        sent = lease.lease_id
         request = pb.UnregisterRequest(lease_id=lease.lease_id, secret=lease.secret)
         try:
             await self._conn.call(
@@ -273,5 +274,38 @@ class Leases:
                 retry_seconds=math.inf,
             )
         except RpcFailed as failed:
-            if failed.code not in LEASE_UNKNOWN:  # already gone is as good as unregistered
+            if failed.code in LEASE_UNKNOWN:
+                await self._release_lapsed(lease, sent)
+            else:
                 log.warning("unregistering from group %r failed: %s", lease.group, failed)
+
+    async def _release_lapsed(self, lease: Lease, sent: str) -> None:
+        """The lease `sent` lapsed before the job left (a partition, a stall). A lapse
+        releases the job's state without force and a fence parks it, so its processes may
+        sit frozen on its nodes: unregister the lease the keep-alive registered since, or
+        register once more and unregister, which releases with force (the agents resume
+        them), so a job that leaves is never left parked."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(UNREGISTER_TIMEOUT, lease.ttl)
+        try:
+            async with self._locks.setdefault(lease.group, asyncio.Lock()):  # no renew midway
+                if lease.lease_id != sent:
+                    lease_id, secret = lease.lease_id, lease.secret
+                else:
+                    answer = await self._register(lease.group, deadline)
+                    lease_id, secret = answer.lease_id, answer.secret
+            request = pb.UnregisterRequest(lease_id=lease_id, secret=secret)
+            await self._conn.call(
+                "Unregister",
+                request,
+                pb.UnregisterResponse,
+                deadline=deadline,
+                retry_seconds=math.inf,
+            )
+        except Exception as error:  # leaving anyway: say why the state may stay parked
+            log.warning(
+                "job %r left group %r after its lease lapsed; releasing its state failed: %s",
+                self._settings.job,
+                lease.group,
+                error,
+            )

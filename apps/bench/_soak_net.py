@@ -34,8 +34,9 @@ def missing() -> str | None:
 
 
 def fresh_gid() -> int:
-    """A group id no other process of this machine's tests uses (by pid and a counter)."""
-    return 40_000 + (os.getpid() % 5_000) * 4 + next(_gids) % 4
+    """A group id of its own: one per call in this process (up to 4,096), and apart from
+    other processes' (by pid), so a rule on it cuts off one party only."""
+    return 100_000 + (os.getpid() % 100_000) * 4_096 + next(_gids) % 4_096
 
 
 def _nft(*args: str, stdin: str | None = None) -> str:

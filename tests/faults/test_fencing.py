@@ -11,7 +11,10 @@ Cases:
   plus the switch time plus a margin;
 - after the partition heals, the holder's phase raises LockLostError naming the lost
   epoch; the job acquires again once the other yields, its worker runs again and its
-  device state is byte for byte what it was (invariant 5); the rule is gone afterwards.
+  device state is byte for byte what it was (invariant 5); the rule is gone afterwards;
+- a fenced job that leaves instead (closes its client after LockLostError): its worker is
+  resumed and its parked copy dropped, never left frozen (invariant 8), although its lease
+  had lapsed (the client registers once more to unregister, which releases with force).
 """
 
 from __future__ import annotations
@@ -84,6 +87,35 @@ async def test_a_partitioned_holder_is_fenced_before_the_waiter_is_granted_and_r
             await f.check(live={"a": [worker_a]})
             assert (await driver_a.call(op="exit"))["ok"]
         assert "skgid" not in nft.rules()
+
+
+async def test_a_fenced_job_that_leaves_is_resumed_not_left_frozen(
+    faults: Callable[..., Any], nft: Nft
+) -> None:
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        gid = netfault.fresh_gid()
+        driver_a = await f.driver("a", lease=LEASE, device_bytes=STATE, gid=gid)
+        worker_a = await f.worker("n1", "a")
+        assert (await driver_a.call(op="enter"))["ok"]
+        await worker_a.call(op="init", size=STATE, seed=1)
+        async with AsyncClient(job="b", group="g", scheduler=f.address, lease_seconds=30) as b:
+            waiting = asyncio.ensure_future(b.acquire(timeout=60))
+            await f.eventually(lambda: _queued(f, "b"))
+            rule = nft.cut(gid, int(f.address.rsplit(":", 1)[1]))
+            await waiting
+            assert worker_a.state == "T"  # fenced
+            nft.heal(rule)
+            assert (await driver_a.call(op="exit", timeout=30))["error"] == "LockLostError"
+            assert (await driver_a.call(op="quit", timeout=60))["ok"]  # closes its client
+            await f.eventually(lambda: worker_a.state not in ("T", ""), 20)
+            await f.eventually(lambda: _not_parked(f, "a"), 20)
+            await b.yield_()
+
+
+async def _not_parked(f: Faults, job: str) -> bool:
+    entry = await f.agent_job("n1", job)
+    return entry is None or entry.state != apb.AGENT_JOB_STATE_PARKED
 
 
 async def _queued(f: Faults, job: str) -> bool:
