@@ -86,17 +86,22 @@ class _Link:
         self._shared_free = 0.0
         self._lock = threading.Lock()
 
-    def reserve(self, direction: str, nbytes: int) -> float:
-        """`time.perf_counter()` time by which `nbytes` more in `direction` may be done."""
+    def reserve(self, direction: str, nbytes: int, after: float | None = None) -> float:
+        """`time.perf_counter()` time by which `nbytes` more in `direction` may be done.
+
+        `after`: when the copy's previous chunk was due (None: its first chunk starts now).
+        A copy paced from its own schedule, not from the moment each chunk is asked for,
+        takes bytes / rate however late a sleep wakes up."""
         with self._lock:
             now = time.perf_counter()
-            until = now
+            start = now if after is None else min(now, after)
+            until = start
             rate = self._rates[direction]
             if rate > 0:
-                until = max(now, self._free[direction]) + nbytes / rate
+                until = max(start, self._free[direction]) + nbytes / rate
                 self._free[direction] = until
             if self._shared > 0:
-                shared = max(now, self._shared_free) + nbytes / self._shared
+                shared = max(start, self._shared_free) + nbytes / self._shared
                 self._shared_free = shared
                 until = max(until, shared)
             return until
@@ -119,7 +124,7 @@ class _Pacer:
         self.deadline = deadline
         self.cancelled = threading.Event()
         self._abort = abort
-        self._until = 0.0
+        self._until: float | None = None
 
     def check(self) -> None:
         if self.cancelled.is_set():
@@ -132,12 +137,12 @@ class _Pacer:
     def reserve(self, nbytes: int) -> None:
         """Before copying `nbytes`: book them on the link."""
         self.check()
-        self._until = self._link.reserve(self._direction, nbytes)
+        self._until = self._link.reserve(self._direction, nbytes, self._until)
 
     def wait(self) -> None:
         """After the copy: wait out the rest of its booking."""
         self.check()
-        wait = self._until - time.perf_counter()
+        wait = (self._until or 0.0) - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
 
