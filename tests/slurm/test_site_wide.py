@@ -112,9 +112,8 @@ def services(slurm: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
             "group": group,
         }
     finally:
-        for process in processes:
+        for process in reversed(processes):  # the agent first, as systemd would at shutdown
             process.terminate()
-        for process in processes:
             process.wait(timeout=20)
         for log in logs:
             log.close()
