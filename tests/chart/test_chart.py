@@ -8,6 +8,7 @@
 - values.schema.json: additionalProperties false on every object; a typo fails the install
 - every RBAC rule has a comment naming the feature that needs it; one ServiceAccount each
 - the agent: hostPID, host /proc read-only, only SYS_PTRACE and KILL unless privileged
+  (and DAC_OVERRIDE with the sim backend)
 - the webhook: opt-in by label, system and own namespaces skipped, fails open, short
   timeout, path = the operator's handler id, caBundle = the generated CA
 - the operator: one replica, Recreate; the scheduler: gRPC probes on the overall health
@@ -323,6 +324,14 @@ def test_the_agent_gets_only_the_capabilities_it_needs(
         "tolerations"
     ]
     assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+
+
+def test_a_sim_agent_may_also_read_the_jobs_buffers(helm: Path) -> None:
+    # sim parks the jobs' emulated device buffers, 0600 files of the jobs' own users.
+    objects = render(helm, sets=["agent.backend=sim"])
+    pod = find(objects, "DaemonSet", "agent")["spec"]["template"]["spec"]
+    added = pod["containers"][0]["securityContext"]["capabilities"]["add"]
+    assert added == ["SYS_PTRACE", "KILL", "DAC_OVERRIDE"]
 
 
 def test_the_agent_runs_privileged_only_when_a_value_says_so(

@@ -87,10 +87,9 @@ def agent(address: str, scheduler_address: str, metrics_port: int, node: str) ->
         deployment="agent",
         user=0,
         host_pid=True,
-        capabilities=("SYS_PTRACE", "KILL"),
-        capabilities_added={
-            "DAC_OVERRIDE": "the sim backend opens the jobs' buffer files (0600, the job's uid)"
-        },
+        # The chart adds DAC_OVERRIDE with the sim backend: it opens the jobs' buffer files
+        # (0600, the job's uid).
+        capabilities=("SYS_PTRACE", "KILL", "DAC_OVERRIDE"),
         tmpfs=("/tmp",),
         env={
             "RLSLICE_AGENT_NODE": node,

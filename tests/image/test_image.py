@@ -6,8 +6,9 @@ PID and only SYS_PTRACE and KILL for the agent. Env names and values are the cha
 (charts/rlslice/templates), except: listen addresses are 127.0.0.1 instead of 0.0.0.0, the
 scheduler's store is a SQLite file on a volume (a `scheduler.store` the chart accepts)
 instead of ConfigMaps, the agent runs standalone (`--node`, no Kubernetes API) since it
-registers the job containers through its socket, and the agent also has DAC_OVERRIDE, which
-the sim backend needs to move the buffers of jobs running as another uid.
+registers the job containers through its socket. (The agent's DAC_OVERRIDE, which the sim
+backend needs to move the buffers of jobs running as another uid, is the chart's own with
+`agent.backend=sim`.)
 
 Cases:
 - `rlslice --version` in the image is the package's version; the OCI labels name source,

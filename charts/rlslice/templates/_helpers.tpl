@@ -188,6 +188,11 @@ capabilities:
     - SYS_PTRACE
     # Freezing and thawing a job's processes (SIGSTOP/SIGCONT) of other users.
     - KILL
+    {{- if eq .Values.agent.backend "sim" }}
+    # sim: the jobs' emulated device buffers are 0600 files of the jobs' own users, which
+    # the agent copies out and back.
+    - DAC_OVERRIDE
+    {{- end }}
 {{- end }}
 {{- end -}}
 
