@@ -654,7 +654,25 @@ class AgentEngine:
                     half.entry.released = False
                 self.table.save()
                 self._refresh_jobs()
-                overlapped = await self._run_halves(running, headroom, deadline)
+                async with contextlib.AsyncExitStack() as spans:
+                    # One span per move, as the serial path traces them; they overlap here.
+                    traced = [
+                        await spans.enter_async_context(
+                            span(
+                                SNAPSHOT if half.move is Move.SNAPSHOT else RESTORE,
+                                group=group,
+                                job=half.before.job,
+                                epoch=epoch,
+                                node=self.node,
+                                backend=half.name,
+                            )
+                        )
+                        for half in running
+                    ]
+                    overlapped = await self._run_halves(running, headroom, deadline)
+                    for half, one in zip(running, traced, strict=True):
+                        if half.outcome is not None:
+                            one.set(seconds=half.outcome.seconds, bytes=half.outcome.bytes)
                 failure = self._settle_halves(running, epoch, time.perf_counter() - started)
                 self.table.save()
                 for half in running:
