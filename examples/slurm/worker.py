@@ -2,11 +2,12 @@
 GPU Slurm bound to the task (`--gres`, seen as `CUDA_VISIBLE_DEVICES`) and runs GPU phases.
 
 Driven over JSON lines on stdin/stdout by its driver: `{"op": "hello"}` (answered at once),
-`{"op": "init"}`, `{"op": "rollout",
-"seconds": s}`, `{"op": "train", "seconds": s, "reward": r}`, `{"op": "quit"}`. Before each
-phase it checks that its state is the one it left (bit for bit), so a snapshot and restore
-that lost or changed a byte fails the job. On the `sim` backend the state is emulated device
-memory (`rlslice.client.sim`); a real job would hold torch tensors on `cuda:N` instead.
+`{"op": "init"}`, `{"op": "rollout", "seconds": s}`, `{"op": "train", "seconds": s,
+"reward": r}`, `{"op": "quit"}`. Before each phase it checks that its state is the one it
+left (bit for bit), so a snapshot and restore that lost or changed a byte fails the job.
+Where the `sim` backend's devices are (`RLSLICE_SIM_ROOT` set, as the sbatch script and a
+site with sim agents set it) the state is emulated device memory (`rlslice.client.sim`);
+otherwise torch tensors on every visible `cuda:N` (not run by the tests: no GPU there).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Worker:
         self.devices: list[str] = []
 
     def init(self) -> dict[str, Any]:
+        if not os.environ.get("RLSLICE_SIM_ROOT"):
+            return self._init_cuda()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0")
         count = len([v for v in visible.split(",") if v.strip()]) or 1
         rng = np.random.default_rng(self.seed)
@@ -49,8 +52,21 @@ class Worker:
         self.checksums = [self._sum(a) for a in self.arrays]
         return {"ok": True, "devices": self.devices, "pid": os.getpid()}
 
+    def _init_cuda(self) -> dict[str, Any]:
+        import torch
+
+        for index in range(torch.cuda.device_count()):
+            generator = torch.Generator(device=f"cuda:{index}").manual_seed(self.seed)
+            tensor = torch.randn(self.state_bytes // 4, generator=generator, device=f"cuda:{index}")
+            self.arrays.append(tensor)
+            self.devices.append(f"cuda:{index}")
+        self.checksums = [self._sum(a) for a in self.arrays]
+        return {"ok": True, "devices": self.devices, "pid": os.getpid()}
+
     @staticmethod
     def _sum(array: Any) -> int:
+        if not isinstance(array, np.ndarray):
+            array = array.cpu().numpy()  # a torch tensor
         return zlib.crc32(array.tobytes())
 
     def _intact(self) -> None:
@@ -67,8 +83,11 @@ class Worker:
         self._intact()
         for array in self.arrays:
             view = array[::STRIDE]
-            view *= np.float32(0.999)
-            view += np.float32(reward * 1e-3)
+            if isinstance(array, np.ndarray):
+                view *= np.float32(0.999)
+                view += np.float32(reward * 1e-3)
+            else:
+                view.mul_(0.999).add_(reward * 1e-3)
         self.checksums = [self._sum(a) for a in self.arrays]
         _busy(seconds)
         return {"ok": True}
