@@ -29,7 +29,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,6 +270,7 @@ class Coordinator:
             unsure = _unique(*cut, *left)
             return events.SnapshotFailed(switch.epoch, reason, failures[0].kind, unsure)
         moved = sum(r.bytes for r in results if isinstance(r, apb.MoveResult))
+        took_place = _node_moves(snapshots, results, restore=False)
         restores = [(n.restore, n.node) for n in plan.nodes if n.restore is not None]
         results = await self._moves("Restore", spec, restores, switch.epoch)
         failures = [r for r in results if isinstance(r, AgentCallError)]
@@ -278,7 +279,10 @@ class Coordinator:
         if failures:
             reason = "; ".join(str(f) for f in failures)
             return events.RestoreFailed(switch.epoch, reason, plan.evict, moved)
-        return events.SwitchDone(switch.epoch, plan.evict, moved, restored_bytes=restored)
+        took_place += _node_moves(restores, results, restore=True)
+        return events.SwitchDone(
+            switch.epoch, plan.evict, moved, restored_bytes=restored, moves=took_place
+        )
 
     async def _overlapped(self, spec: GroupSpec, switch: Switch, plan: MovePlan) -> events.Event:
         """One Switch per node, in parallel; all nodes or none (see the module docstring)."""
@@ -289,7 +293,10 @@ class Coordinator:
         if not failed:
             moved = sum(o.moved for o in outcomes)
             restored = sum(o.restored_bytes for o in outcomes)
-            return events.SwitchDone(switch.epoch, plan.evict, moved, restored_bytes=restored)
+            done = tuple(m for o in outcomes for m in o.done)
+            return events.SwitchDone(
+                switch.epoch, plan.evict, moved, restored_bytes=restored, moves=done
+            )
         went = [o for o in outcomes if o.failure is None and o.moved_any]
         left = await asyncio.gather(
             *(self._switch_back(spec, o, switch.rollback_epoch) for o in went)
@@ -342,7 +349,10 @@ class Coordinator:
             error = AgentCallError(node, what, code, detail)
             return _NodeOutcome(moves, failure=error, failed_move=failure.move)
         snapped = tuple(r.job for r in result.outgoing if not r.absent)
-        return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back)
+        done = _node_moves([(r.job, node) for r in result.outgoing], list(result.outgoing), False)
+        if restored:
+            done += _node_moves([(result.incoming.job, node)], [result.incoming], True)
+        return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back, done=done)
 
     async def _node_serial(self, spec: GroupSpec, moves: NodeMoves, epoch: int) -> _NodeOutcome:
         """A node whose agent has no Switch: its snapshots, then its restore, undone on failure."""
@@ -358,18 +368,20 @@ class Coordinator:
         failure = next((r for r in results if isinstance(r, AgentCallError)), None)
         failed_move = "snapshot"
         restored, came_back = False, 0
+        done = _node_moves(pairs, results, restore=False)
         if failure is None and moves.restore is not None:
             (result,) = await self._moves("Restore", spec, [(moves.restore, node)], epoch)
             if isinstance(result, AgentCallError):
                 failure, failed_move = result, "restore"
             else:
                 restored, came_back = not result.absent, result.bytes
+                done += _node_moves([(moves.restore, node)], [result], restore=True)
         if failure is not None:
             left = await self._rollback(spec, [(job, node) for job in snapped], epoch + 1)
             cut = tuple(j for (j, _), r in zip(pairs, results, strict=True) if _cut(r))
             unsure = _unique(*cut, *left)
             return _NodeOutcome(moves, failure=failure, failed_move=failed_move, unsure=unsure)
-        return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back)
+        return _NodeOutcome(moves, moved + came_back, snapped, restored, came_back, done=done)
 
     async def _switch_back(self, spec: GroupSpec, outcome: _NodeOutcome, epoch: int) -> list[str]:
         """Undo a node's switch that went through: park the incoming job again, then
@@ -489,6 +501,18 @@ class Coordinator:
         await asyncio.gather(*(one(node) for node in self.nodes_for(spec)))
 
 
+def _node_moves(
+    pairs: Sequence[tuple[str, str]], results: Sequence[object], restore: bool
+) -> tuple[events.NodeMove, ...]:
+    """The moves that took place among `results` of the calls for `pairs` (job, node):
+    answered, not absent there, not a repeat of an earlier call."""
+    return tuple(
+        events.NodeMove(node, job, restore, r.bytes, r.seconds)
+        for (job, node), r in zip(pairs, results, strict=True)
+        if isinstance(r, apb.MoveResult) and not r.absent and not r.repeated
+    )
+
+
 def _cut(result: object) -> bool:
     return isinstance(result, AgentCallError) and result.cut_off
 
@@ -542,6 +566,8 @@ class _NodeOutcome:
     failed_move: str = ""
     unsure: tuple[str, ...] = ()
     """Jobs that may be parked there after all (cut off mid-call, a failed rollback)."""
+    done: tuple[events.NodeMove, ...] = ()
+    """The moves that took place there."""
 
     @property
     def moved_any(self) -> bool:

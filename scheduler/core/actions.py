@@ -29,6 +29,8 @@ class Kind(enum.StrEnum):
     GROUP_DELETED = "group_deleted"
     FAILED = "failed"
     PREFETCH = "prefetch"
+    SNAPSHOT_DONE = "snapshot_done"
+    RESTORE_DONE = "restore_done"
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,18 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeMove:
+    """One snapshot or restore that moved a job's state on one node."""
+
+    node: str
+    job: str
+    restore: bool
+    """True for a restore (host to device), False for a snapshot."""
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class SwitchDone:
     """The coordinator evicted `evicted` and restored the incoming job."""
 
@@ -79,6 +91,8 @@ class SwitchDone:
     """Bytes the incoming job's restores brought back (None: not told apart from the
     snapshots' bytes; `moved_bytes` stands in). The grant says `restored` only when some
     came back: a job no agent knows was restored from nothing."""
+    moves: tuple[NodeMove, ...] = ()
+    """Every move that took place, per node (one ring event each: the timeline's moves)."""
 
 
 @dataclass(frozen=True, slots=True)

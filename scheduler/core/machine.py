@@ -410,6 +410,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     switch = _current_switch(s, e.epoch)
     if switch is None:
         return
+    _record_moves(tx, e)
     if switch.purpose != "grant":
         _side_switch_done(tx, switch, e)
         return
@@ -443,6 +444,13 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
         )
     else:
         _serve(tx)
+
+
+def _record_moves(tx: _Tx, e: ev.SwitchDone) -> None:
+    """One ring event per node and move (the node in `detail`): the timeline's moves lane."""
+    for move in e.moves:
+        kind = Kind.RESTORE_DONE if move.restore else Kind.SNAPSHOT_DONE
+        tx.record(kind, move.job, move.node, seconds=move.seconds, nbytes=move.bytes)
 
 
 def _came_back(e: ev.SwitchDone) -> int:
