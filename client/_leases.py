@@ -287,13 +287,17 @@ class Leases:
         them), so a job that leaves is never left parked."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(UNREGISTER_TIMEOUT, lease.ttl)
+        if lease.task is not None:
+            # Leaving: its keep-alive (which may be registering again, with no deadline)
+            # stops now rather than after this, so nothing registers behind our back.
+            lease.task.cancel()
+            await asyncio.gather(lease.task, return_exceptions=True)
         try:
-            async with self._locks.setdefault(lease.group, asyncio.Lock()):  # no renew midway
-                if lease.lease_id != sent:
-                    lease_id, secret = lease.lease_id, lease.secret
-                else:
-                    answer = await self._register(lease.group, deadline)
-                    lease_id, secret = answer.lease_id, answer.secret
+            if lease.lease_id != sent:  # the keep-alive registered again meanwhile
+                lease_id, secret = lease.lease_id, lease.secret
+            else:
+                answer = await self._register(lease.group, deadline)
+                lease_id, secret = answer.lease_id, answer.secret
             request = pb.UnregisterRequest(lease_id=lease_id, secret=secret)
             await self._conn.call(
                 "Unregister",
