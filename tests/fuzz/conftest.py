@@ -81,8 +81,15 @@ class LiveAgent:
     worker: subprocess.Popen[bytes]
 
     def records(self) -> dict[str, Any]:
+        """The job records, once every move the agent started has ended (a move runs on in
+        a task of its own after its call is answered or cut: reading before it ends would
+        see a change no later call made)."""
+
         async def read() -> dict[str, Any]:
-            return {job: e.record for job, e in self.running.engine.table.entries.items()}
+            engine = self.running.engine
+            while engine._tasks:
+                await asyncio.gather(*list(engine._tasks), return_exceptions=True)
+            return {job: e.record for job, e in engine.table.entries.items()}
 
         return self.loop.run(read())
 
