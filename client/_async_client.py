@@ -19,6 +19,7 @@ from rlslice._errors import (
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
+    RlsliceError,
     UnavailableError,
 )
 from rlslice._ids import validate_seconds
@@ -314,15 +315,57 @@ class AsyncClient:
             return AsyncPhase(self, name, self._group(group))
         return AsyncGroupsPhase(self, name, canonical_groups(groups, group))
 
-    async def close(self) -> None:
-        """Release every lock, leave every queue, stop the keep-alives, close the channel."""
+    async def close(self, *, bring_home: bool = False, timeout: float = 60.0) -> None:
+        """Release every lock, leave every queue, stop the keep-alives, close the channel.
+
+        By default the job leaves at once: a parked copy of its state is dropped and its
+        processes resumed, which is right for a process about to exit. A process that goes
+        on using its GPU state after `close()` (saves the model, evaluates) passes
+        `bring_home=True`: in every group where its state is parked it acquires the group
+        once more (waiting up to `timeout` seconds for its turn) and leaves while holding,
+        so its state is home when `close()` returns and nothing of it is snapshotted on
+        the way out. (Not the default: a closing job would wait for the holder's phase.)
+        """
         if self._closed:
             return
+        if bring_home:
+            validate_seconds(
+                timeout, "timeout", minimum=1e-3, maximum=MAX_TIMEOUT, allow_zero=False
+            )
+            await self._bring_home(timeout)
         self._closed = True
         if self._leases is not None:
             await self._leases.close()
         if self._conn is not None:
             await self._conn.close()
+
+    async def _bring_home(self, timeout: float) -> None:
+        """Acquire each group where the scheduler has this job's state parked (or faulted)."""
+        if self._leases is None or self._conn is None:
+            return
+        for group in self._leases.groups():
+            try:
+                status = await self._conn.call(
+                    "GetGroup",
+                    pb.GetGroupRequest(group=group),
+                    pb.GroupStatus,
+                    deadline=asyncio.get_running_loop().time() + min(timeout, 10.0),
+                )
+                mine = next((j for j in status.jobs if j.job == self.job), None)
+                # A lock-only job has nothing parked anywhere: nothing to bring home.
+                away = self.job in status.parked or (
+                    mine is not None and mine.state == pb.JOB_STATE_FAULTED
+                )
+                if status.holder == self.job or not away or (mine and mine.lock_only):
+                    continue
+                await self.acquire(timeout=timeout, group=group, phase="close")
+            except (RlsliceError, RpcFailed) as error:
+                log.warning(
+                    "close: job %s could not bring its state home from group %r: %s",
+                    self.job,
+                    group,
+                    error,
+                )
 
     async def __aenter__(self) -> AsyncClient:
         self._check_open()

@@ -86,6 +86,10 @@ class Leases:
         """The lease in `group`, if the client registered there."""
         return self._leases.get(group)
 
+    def groups(self) -> tuple[str, ...]:
+        """The groups the client holds a lease in."""
+        return tuple(self._leases)
+
     async def get(self, group: str, deadline: float | None) -> Lease:
         """The lease in `group`, registering on first use."""
         lease = self._leases.get(group)

@@ -140,13 +140,16 @@ class Client:
             return SyncPhase(self, name, self._async._group(group))
         return SyncGroupsPhase(self, name, canonical_groups(groups, group))
 
-    def close(self) -> None:
-        """Release every lock, leave every queue, stop the keep-alives and the loop thread."""
+    def close(self, *, bring_home: bool = False, timeout: float = 60.0) -> None:
+        """Release every lock, leave every queue, stop the keep-alives and the loop thread.
+
+        As `AsyncClient.close`: with `bring_home=True` the job first brings its parked
+        state home (waiting up to `timeout` seconds for its turn)."""
         with self._thread_lock:
             thread, self._thread = self._thread, None
         if thread is not None:
             try:
-                thread.run(self._async.close)
+                thread.run(lambda: self._async.close(bring_home=bring_home, timeout=timeout))
             finally:
                 thread.stop()
         else:  # never used: no lease, no channel, nothing to release

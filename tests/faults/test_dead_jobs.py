@@ -13,7 +13,9 @@ Cases:
 - a waiting driver that is SIGKILLed leaves the queue at once (its connection drops),
   long before its lease would lapse;
 - a job that ends (closes its client) while parked has its worker resumed, so that the
-  worker can exit; its parked copy is freed.
+  worker can exit; its parked copy is freed;
+- a job that closes its client while parked, bringing its state home (`bring_home=True`), waits
+  for its turn, gets its state back bit for bit, and is never snapshotted on its way out.
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ async def test_a_job_that_ends_while_parked_is_resumed_so_it_can_exit(
             await a.yield_()
             await b.acquire(timeout=30)
             assert worker_a.state == "T"
-            await a.close()  # the job is over while parked: Unregister, released with force
+            # The job is over while parked (its process is about to exit): it leaves at once,
+            # Unregister, released with force.
+            await a.close(bring_home=False)
             await f.eventually(lambda: worker_a.state not in ("T", ""))
             assert (await worker_a.call(op="quit"))["ok"]  # it runs, so it can exit
             await worker_a.reap()
@@ -157,3 +161,30 @@ async def test_a_job_that_ends_while_parked_is_resumed_so_it_can_exit(
             await f.eventually(lambda: _gone_from_agent(f, "a"))
             await f.check()
             await b.yield_()
+
+
+async def test_a_job_that_closes_while_parked_gets_its_state_home_first(
+    faults: Callable[..., Any],
+) -> None:
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        worker_a = await f.worker("n1", "a")
+        async with AsyncClient(job="b", group="g", scheduler=f.address, device_bytes=STATE) as b:
+            a = AsyncClient(job="a", group="g", scheduler=f.address, device_bytes=STATE)
+            await a.acquire(timeout=30)
+            before = (await worker_a.call(op="init", size=STATE, seed=1))["hash"]
+            await a.yield_()
+            await b.acquire(timeout=30)
+            assert worker_a.state == "T"
+            closing = asyncio.ensure_future(a.close(bring_home=True, timeout=30))
+            await f.eventually(lambda: _queued(f, "a"))  # its turn comes after b's
+            assert not closing.done()
+            await b.yield_()
+            await closing
+            assert worker_a.state not in ("T", "")
+            assert await worker_a.hash() == before  # home, bit for bit, after close()
+            status = await f.group()
+            assert "a" not in {j.job for j in status.jobs}
+            assert (await worker_a.call(op="quit"))["ok"]
+            await worker_a.reap()
+            await f.eventually(lambda: _gone_from_agent(f, "a"))
