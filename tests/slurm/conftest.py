@@ -134,7 +134,31 @@ class Slurm:
             if fields.get("JobState") in DONE_STATES:
                 return fields
             time.sleep(0.2)
-        raise AssertionError(f"job {job_id} still {self.job(job_id).get('JobState')}")
+        fields = self.job(job_id)
+        raise AssertionError(
+            f"job {job_id} still {fields.get('JobState')} (reason {fields.get('Reason')}); "
+            f"nodes: {self.node_states()}"
+        )
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as `sinfo` shows it (idle, mixed, allocated, completing, drain...)."""
+        out = self.run("sinfo", "--noheader", "--Node", "--format", "%N %T")
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait until every node is idle again, resuming any a previous test left drained or
+        down (a job killed late drains its node): each test starts on an idle cluster."""
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = self.node_states()
+            if all(state == "idle" for state in states.values()) and len(states) == len(self.nodes):
+                return
+            for node, state in states.items():
+                if state.rstrip("*~#!%$@^-") in ("drained", "draining", "drain", "down"):
+                    self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+            time.sleep(0.2)
+        raise AssertionError(f"the Slurm nodes did not become idle: {states}")
 
 
 def _write_config(root: Path, host: str, nodes: tuple[str, ...]) -> Path:
@@ -283,3 +307,10 @@ def _wait_for(condition: object, timeout: float, what: str, logs: Path) -> None:
         time.sleep(0.1)
     tails = "\n".join(f"{p.name}: {p.read_text()[-1500:]}" for p in sorted(logs.iterdir()))
     raise AssertionError(f"timed out waiting for {what}\n{tails}")
+
+
+@pytest.fixture(autouse=True)
+def _idle_cluster(request: pytest.FixtureRequest) -> None:
+    """Every test that uses the cluster starts with its nodes idle."""
+    if "slurm" in request.fixturenames:
+        request.getfixturevalue("slurm").settle()
