@@ -654,21 +654,21 @@ class AgentEngine:
                     half.entry.released = False
                 self.table.save()
                 self._refresh_jobs()
-                async with contextlib.AsyncExitStack() as spans:
+                with contextlib.ExitStack() as spans:
                     # One span per move, as the serial path traces them; they overlap here.
                     traced = [
-                        await spans.enter_async_context(
-                            span(
-                                SNAPSHOT if half.move is Move.SNAPSHOT else RESTORE,
-                                group=group,
-                                job=half.before.job,
-                                epoch=epoch,
-                                node=self.node,
-                                backend=half.name,
-                            )
+                        span(
+                            SNAPSHOT if half.move is Move.SNAPSHOT else RESTORE,
+                            group=group,
+                            job=half.before.job,
+                            epoch=epoch,
+                            node=self.node,
+                            backend=half.name,
                         )
                         for half in running
                     ]
+                    for one in traced:
+                        spans.enter_context(one)
                     overlapped = await self._run_halves(running, headroom, deadline)
                     for half, one in zip(running, traced, strict=True):
                         if half.outcome is not None:
