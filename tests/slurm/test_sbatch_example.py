@@ -79,6 +79,9 @@ def _submit(
             "RLSLICE_STATE": str(state),
             "RLSLICE_REPORT": str(report),
             "RLSLICE_SIM_CAPACITY": f"{STATE_MIB * 3 // 2}MiB",  # one job's state per GPU
+            # More headroom than a GPU holds: every switch parks the other job, whatever the
+            # order the jobs load in (co-residency is the scheduler's own tests' business).
+            "RLSLICE_HEADROOM_BYTES": str(1 << 40),
             "TRAIN_STEPS": str(steps),
             "TRAIN_STATE_MIB": str(STATE_MIB),
             **(loopback if nodes > 1 else {}),
