@@ -243,8 +243,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
+    # Not this process's RLSLICE_* variables: an earlier test's client may have set
+    # RLSLICE_AGENT_REGISTERED here, which would tell every job's worker that it is
+    # registered already (it is not: nothing of it would ever move).
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("RLSLICE_")}
     env = {
-        **os.environ,
+        **inherited,
         "SLURM_CONF": str(conf),
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONSAFEPATH": "1",
