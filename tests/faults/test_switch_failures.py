@@ -19,6 +19,7 @@ Cases:
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
@@ -70,7 +71,7 @@ async def test_an_unreachable_agent_rolls_the_switch_back_and_the_job_runs_on(
             await f.check(live={"a": list(workers_a.values())})
 
             await f.cluster.agents["n3"].service.restart()
-            grant = await b.acquire(timeout=30)  # the retry goes through
+            grant = await _acquire_once_reachable(b, "n3")  # the retry goes through
             assert grant.moved_bytes >= 3 * STATE
             assert all(w.state == "T" for w in workers_a.values())
             await f.check(live={"a": list(workers_a.values()), "b": list(workers_b.values())})
@@ -173,3 +174,16 @@ async def test_a_holder_past_max_hold_is_asked_then_preempted_and_resumes_intact
             assert await worker_a.hash() == before
             await f.check(live={"a": [worker_a], "b": [worker_b]})
             await a.yield_()
+
+
+async def _acquire_once_reachable(client: AsyncClient, node: str, timeout: float = 30.0) -> Any:
+    """Acquire, trying again while the scheduler's channel to the restarted `node` is still
+    in gRPC's reconnect backoff (its switches fail fast, ABORTED naming the node)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await client.acquire(timeout=timeout)
+        except AbortedError as error:
+            if f"node {node}" not in str(error) or loop.time() > deadline:
+                raise
