@@ -14,7 +14,7 @@ A command whose extra is missing exits 2 with one line naming it:
 The missing module decides which extra: the command's own extras first (`up` needs
 `scheduler` and `agent`), else the extra that declares the module (`timeline --out x.png`
 on a base install needs `planner` for matplotlib). `MODULE_EXTRAS` is that table;
-tests/packaging checks it against pyproject.toml.
+tests/deploy/packaging checks it against pyproject.toml.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 These are the variables a job process reads (the client, `rlslice run`, the `sim` client,
 the offload loop) and that launchers set for it (`rlslice run`, the operator's pod
 mutation, Slurm scripts, Ray's `runtime_env`). Each is defined here and nowhere else;
-tests/unit/test_env_vocabulary.py fails when a module spells one as a literal instead.
+tests/kernel/test_env_vocabulary.py fails when a module spells one as a literal instead.
 
 Server commands keep their own prefixed names beside their flags (`RLSLICE_SCHEDULER_*`,
 `RLSLICE_AGENT_*`, `RLSLICE_OPERATOR_*`, see `rlslice.apps.flags`), so a variable never

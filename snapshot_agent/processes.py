@@ -6,7 +6,7 @@ registered ones plus their descendants, found afresh on every move (a trainer's 
 workers, say). Exits are noticed through a pidfd (no polling), and an exited process leaves
 its job at once, so even a stranger started in the same clock tick under the same pid is
 never taken for it while the agent runs; across an agent restart, start time and cgroup
-tell them apart (`tests/faults/test_pid_reuse.py` recycles a pid for real).
+tell them apart (`tests/system/faults/test_pid_reuse.py` recycles a pid for real).
 """
 
 from __future__ import annotations

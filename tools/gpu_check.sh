@@ -10,7 +10,7 @@
 #
 # Steps, each under its own `timeout`, each going on when an earlier one failed:
 #   1. versions (driver, GPU, persistence mode, torch, cuda-bindings, pynvml, rlslice probe)
-#   2. pytest -m gpu on tests/gpu/test_on_device.py       -> $OUT/pytest_gpu.txt, .xml
+#   2. pytest -m gpu on tests/system/gpu/test_on_device.py       -> $OUT/pytest_gpu.txt, .xml
 #   3. rlslice bench swap --backend app --gib 20 --overlap --json
 #      (serial and overlapped switches next to pinned D2H/H2D of the same bytes, measured in
 #      the same run; losses bit-identical)                -> $OUT/bench_app.json
@@ -86,7 +86,7 @@ if ! "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null; then
 fi
 if "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null; then
   step pytest_gpu 100 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
-    --junitxml="$OUT/pytest_gpu.xml" tests/gpu/test_on_device.py 2>&1 | tee "$OUT/pytest_gpu.txt"
+    --junitxml="$OUT/pytest_gpu.xml" tests/system/gpu/test_on_device.py 2>&1 | tee "$OUT/pytest_gpu.txt"
 else
   echo "pytest_gpu rc=skipped (pytest not installed)" | tee -a "$OUT/summary.txt"
 fi

@@ -37,7 +37,7 @@ from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 from .conftest import Live, live_scheduler
 
-JOBPROC = Path(__file__).parents[1] / "agent" / "jobproc.py"
+JOBPROC = Path(__file__).parents[1] / "snapshot_agent" / "jobproc.py"
 MiB = 1 << 20
 NODES = ("n1", "n2")
 SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -1,7 +1,7 @@
 """An `app` job whose offload loop ended is not waited for: a real agent on a Unix socket.
 
 Cases (a job registered a moment ago whose stream is still attaching is waited for:
-tests/gpu/test_app_backend.py):
+tests/system/gpu/test_app_backend.py):
 - a job whose last stream closed in this agent's life (its offload loop ended: the job is
   leaving) is not: a snapshot is refused at once, naming serve_offload, well before the
   agent's wait for a stream would end;

@@ -30,7 +30,7 @@ import pytest
 
 from rlslice.apps.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 UNITS = ROOT / "deploy" / "systemd"
 INSTALLED = "/opt/rlslice/bin/rlslice"
 RLSLICE = Path(sys.executable).with_name("rlslice")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "rlslice"
 ALL_FEATURES = Path(__file__).resolve().parent / "all-features.yaml"
 NAMESPACE = "rl-system"

@@ -30,7 +30,7 @@ from rlslice.config import GroupSpec
 from rlslice.operator.reconcile import SchedulerView, status_for
 from rlslice.operator.spec import group_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load(
     (ROOT / "charts/rlslice/files/crds/timeslicegroups.rlslice.dev.yaml").read_text()
 )

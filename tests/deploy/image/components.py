@@ -1,4 +1,4 @@
-"""How tests/image run each component: the chart's command, user, capabilities, mounts and
+"""How tests/deploy/image run each component: the chart's command, user, capabilities, mounts and
 env, with the few differences a container on a test machine needs, each named here with
 its reason. test_chart_parity.py renders the chart and holds these specs to it.
 """
@@ -19,7 +19,7 @@ TOKENS = {"job": "job-token-image-test", "admin": "admin-token-image-test", "age
 
 @dataclass(frozen=True)
 class Component:
-    """One chart container as tests/image run it."""
+    """One chart container as tests/deploy/image run it."""
 
     deployment: str  # the chart's workload name suffix (rls-<deployment>)
     user: int

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGE_TOOLS = ROOT / "tools" / "image"
 CONTAINERS_CONF = IMAGE_TOOLS / "containers.conf"
 TEST_REPOSITORY = "localhost/rlslice-test"

@@ -1,4 +1,4 @@
-"""An RL-shaped job on the `sim` backend, run inside a job container by tests/image.
+"""An RL-shaped job on the `sim` backend, run inside a job container by tests/deploy/image.
 
 Each step: a rollout phase on the emulated GPU (the policy's weights are read), reward
 scoring on the CPU outside any phase (another job takes the GPU meanwhile), a train phase

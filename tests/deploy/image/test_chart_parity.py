@@ -1,4 +1,4 @@
-"""tests/image run each component as the chart does: the specs in components.py against
+"""tests/deploy/image run each component as the chart does: the specs in components.py against
 the chart rendered by the real `helm` (with the SQLite store, one scheduler replica and the
 sim backend, the configuration the container round uses).
 
@@ -23,7 +23,7 @@ import yaml
 
 from . import components
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NAMESPACE = "rl-system"
 VALUES = (
     "scheduler.store=/var/lib/rlslice/scheduler.db",

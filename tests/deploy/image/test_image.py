@@ -15,7 +15,7 @@ Cases:
   version, licenses and revision; the default user is 65532;
 - the image holds no tests, no pip, setuptools, wheel or pytest, and no compiler;
 - the scheduler and the agent answer gRPC health SERVING for their services from the host;
-- a time-slicing round: two job containers run an RL-shaped `sim` job (tests/image/rl_job.py)
+- a time-slicing round: two job containers run an RL-shaped `sim` job (tests/deploy/image/rl_job.py)
   through the scheduler and agent containers; both finish with their weights intact,
   `rlslice status --json` from the host shows at least 4 switches and each job's device
   bytes, and the jobs report the bytes moved; after every container is stopped, a new

@@ -38,7 +38,7 @@ from .conftest import Engine, free_port
 # The first test to ask for the image builds it (about 1-2 min on 2 cores, more with a
 # fresh mmdebstrap base): beyond pytest's default per-test timeout.
 pytestmark = pytest.mark.timeout(600)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NAMESPACE = "rl-system"
 T = TypeVar("T")
 

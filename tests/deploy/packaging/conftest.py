@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: what the wheel is built from: pyproject's package-dir folders, the readme, pyproject
 SOURCES = (
     "pyproject.toml",

@@ -35,7 +35,7 @@ import pytest
 
 from rlslice.apps.cli import COMMANDS, MODULE_EXTRAS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 Alternatives = tuple[tuple[str, ...], ...]

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "slurm"
 SCRIPT = EXAMPLE / "two_node_group.sbatch"
 STATE_MIB = 24

@@ -28,7 +28,7 @@ import pytest
 
 from rlslice._nodes import node_label
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "slurm"
 CLI = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]
 STEPS = 3

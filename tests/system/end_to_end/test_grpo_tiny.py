@@ -24,7 +24,7 @@ if os.environ.get("RLSLICE_REQUIRE_TORCH") == "1":
 else:
     pytest.importorskip("torch")
 
-COMPARE = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny" / "compare.py"
+COMPARE = Path(__file__).resolve().parents[3] / "examples" / "grpo_tiny" / "compare.py"
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

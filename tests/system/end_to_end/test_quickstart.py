@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOOP = ROOT / "examples" / "quickstart" / "train_loop.py"
 ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
 CLI = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]

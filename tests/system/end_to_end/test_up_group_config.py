@@ -26,7 +26,7 @@ from rlslice.adapters.wire import group_spec_from_proto
 from rlslice.config import GroupSpec, load_group_config
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
-GROUP_YAML = Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny" / "group.yaml"
+GROUP_YAML = Path(__file__).resolve().parents[3] / "examples" / "grpo_tiny" / "group.yaml"
 ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
 
 

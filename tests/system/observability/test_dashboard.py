@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "rlslice"
 DASHBOARD = CHART / "dashboards" / "rlslice.json"
 SERIES = re.compile(r"\brlslice_[a-z0-9_]+")

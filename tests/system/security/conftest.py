@@ -139,7 +139,7 @@ async def agent(fields: dict[str, Any], **settings: Any) -> AsyncIterator[Any]:
 
 
 class Worker:
-    """A job's GPU worker process registered with an agent (tests/faults/worker.py)."""
+    """A job's GPU worker process registered with an agent (tests/system/faults/worker.py)."""
 
     def __init__(self, process: asyncio.subprocess.Process, info: dict[str, Any]) -> None:
         self.process = process
