@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import overload
 
-import grpc
-
 from rlslice._errors import (
+    AlreadyExistsError,
     DeadlineExceededError,
     FailedPreconditionError,
     NotFoundError,
@@ -185,7 +184,7 @@ class AsyncClient:
             except RpcFailed as failed:
                 if self._closed:  # close() cut the call: say so, whatever the channel said
                     raise FailedPreconditionError("client: closed") from None
-                if failed.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                if isinstance(failed.error, DeadlineExceededError):
                     raise DeadlineExceededError(
                         f"timeout: group {group_id!r} not granted within {timeout:g} s"
                     ) from None
@@ -227,12 +226,14 @@ class AsyncClient:
                 )
                 return _grant(answer, lease.group, self.job)
             except RpcFailed as failed:
-                if failed.code in LEASE_UNKNOWN and (not renewed or lease.generation != generation):
+                if isinstance(failed.error, LEASE_UNKNOWN) and (
+                    not renewed or lease.generation != generation
+                ):
                     # The lease lapsed (or a restarted scheduler forgot it): register once more.
                     renewed = renewed or lease.generation == generation
                     await self._leases.renew(lease, generation, deadline)
                     continue
-                if failed.code == grpc.StatusCode.ALREADY_EXISTS and failed.retried:
+                if isinstance(failed.error, AlreadyExistsError) and failed.retried:
                     # Granted before a restart whose answer was lost: the job holds the group.
                     grant = await self._grant_from_status(lease.group, started, deadline)
                     if grant is not None:
@@ -278,7 +279,7 @@ class AsyncClient:
                 "Yield", request, pb.YieldResponse, deadline=deadline, retry_seconds=retry
             )
         except RpcFailed as failed:
-            if failed.code == grpc.StatusCode.FAILED_PRECONDITION and failed.retried:
+            if isinstance(failed.error, FailedPreconditionError) and failed.retried:
                 # The first attempt landed before the scheduler went away: already yielded.
                 log.info("yield of group %r landed before a scheduler restart", group_id)
                 return YieldResult(0, False)

@@ -15,7 +15,12 @@ from typing import Any, TypeVar, cast
 import grpc
 from google.protobuf.message import Message
 
-from rlslice._errors import DeadlineExceededError, FailedPreconditionError, RlsliceError
+from rlslice._errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    RlsliceError,
+    UnavailableError,
+)
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.grpc_errors import error_from_rpc
 from rlslice.client._backoff import Backoff
@@ -40,11 +45,14 @@ WARN_AFTER_SECONDS = 5.0
 
 
 class RpcFailed(Exception):
-    """A call failed with `code`; `error` is the rlslice error to raise for it."""
+    """A call failed; `error` is the rlslice error to raise for it.
 
-    def __init__(self, code: grpc.StatusCode, error: RlsliceError) -> None:
+    Callers branch on the type of `error` (a `NotFoundError`, an `UnavailableError`...),
+    never on raw status codes: `rlslice.adapters.grpc_errors` is the one translator.
+    """
+
+    def __init__(self, error: RlsliceError) -> None:
         super().__init__(str(error))
-        self.code = code
         self.error = error
         #: Whether an earlier attempt of the same call failed with UNAVAILABLE, so the
         #: server may have acted on a request whose answer was lost.
@@ -75,9 +83,7 @@ class Connection:
 
     def _ensure_open(self) -> Any:
         if self._closed:  # ends calls (an acquire retrying, say) that outlive close()
-            raise RpcFailed(
-                grpc.StatusCode.FAILED_PRECONDITION, FailedPreconditionError("client: closed")
-            )
+            raise RpcFailed(FailedPreconditionError("client: closed"))
         # grpc.aio binds a channel to the running loop, so it is made on first use.
         if self._stub is None:
             self._channel = open_channel(
@@ -102,7 +108,7 @@ class Connection:
         try:
             answer = await getattr(stub, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
-            raise RpcFailed(error.code(), error_from_rpc(error)) from error
+            raise RpcFailed(error_from_rpc(error)) from error
         return cast(T, answer)
 
     async def call(
@@ -132,17 +138,17 @@ class Connection:
                 why = (
                     f"; scheduler {self.address} unreachable: {unreachable}" if unreachable else ""
                 )
-                failed = RpcFailed(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    DeadlineExceededError(f"{what or method}: deadline passed{why}"),
-                )
+                failed = RpcFailed(DeadlineExceededError(f"{what or method}: deadline passed{why}"))
                 failed.retried = unreachable is not None
                 raise failed
             try:
                 return await self.once(method, request, response, timeout=timeout)
             except RpcFailed as failed:
                 failed.retried = unreachable is not None
-                if failed.code != grpc.StatusCode.UNAVAILABLE or loop.time() >= started + budget:
+                if (
+                    not isinstance(failed.error, UnavailableError)
+                    or loop.time() >= started + budget
+                ):
                     raise
                 unreachable = str(failed)
             if not warned and loop.time() - started > WARN_AFTER_SECONDS:

@@ -17,9 +17,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
-
-from rlslice._errors import FailedPreconditionError
+from rlslice._errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    RlsliceError,
+)
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
 from rlslice.client._settings import ClientSettings
@@ -28,8 +32,8 @@ from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 log = logging.getLogger("rlslice.client")
 
-#: Codes with which a scheduler refuses a lease it does not know (lapsed or forgotten).
-LEASE_UNKNOWN = frozenset({grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED})
+#: Errors with which a scheduler refuses a lease it does not know (lapsed or forgotten).
+LEASE_UNKNOWN: tuple[type[RlsliceError], ...] = (NotFoundError, PermissionDeniedError)
 #: Shortest pause between keep-alives, whatever the ttl.
 MIN_KEEPALIVE_INTERVAL = 0.05
 #: Seconds a closing client waits for each Unregister at least; it waits up to the lease's
@@ -165,7 +169,7 @@ class Leases:
                 break
             except RpcFailed as failed:
                 orphaned = orphaned or failed.retried
-                exists = failed.code == grpc.StatusCode.ALREADY_EXISTS
+                exists = isinstance(failed.error, AlreadyExistsError)
                 if not (exists and orphaned) or loop.time() > orphan_gone:
                     raise failed.error from None
                 log.warning("job %r: waiting for an orphaned lease in %r to lapse", s.job, group)
@@ -194,7 +198,7 @@ class Leases:
                     retry_seconds=math.inf,
                 )
             except RpcFailed as failed:
-                if failed.code in LEASE_UNKNOWN:
+                if isinstance(failed.error, LEASE_UNKNOWN):
                     await self._renew_quietly(lease, generation)
                 else:
                     log.warning("keep-alive of group %r failed: %s", lease.group, failed)
@@ -278,7 +282,7 @@ class Leases:
                 retry_seconds=math.inf,
             )
         except RpcFailed as failed:
-            if failed.code in LEASE_UNKNOWN:
+            if isinstance(failed.error, LEASE_UNKNOWN):
                 await self._release_lapsed(lease, sent)
             else:
                 log.warning("unregistering from group %r failed: %s", lease.group, failed)
