@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,22 +23,18 @@ from typing import Any
 
 from rlslice import env
 from rlslice.config import TLSConfig
-
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SI = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+from rlslice.units import parse_size
 
 
 def size(text: str) -> int:
-    """Bytes from `1073741824`, `1GiB`, `512MiB`, `2G` (SI: powers of 1000) or `2GiB`."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (try 16GiB or 512MiB)")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    if unit.endswith("ib") or (len(unit) == 2 and unit[1] == "i"):
-        factor = 1 << (10 * "kmgt".index(unit[0]) + 10)
-    else:
-        factor = _SI[unit.rstrip("b")] if unit != "b" else 1
-    return int(number * factor)
+    """Bytes from `1073741824`, `1GiB`, `512MiB`, `2G` (SI: powers of 1000) or `2GiB`.
+
+    The argparse face of `rlslice.units.parse_size`: a bad size is a usage error.
+    """
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def boolean(text: str) -> bool:

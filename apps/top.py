@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 from rlslice.apps.flags import Connection, add_connection_flags, connection_from
 from rlslice.apps.trace_export import Event
+from rlslice.units import format_bytes
 
 if TYPE_CHECKING:
     import grpc
@@ -131,13 +132,8 @@ def fold(state: TopState, event: Event, status: GroupView | None) -> TopState:
 
 
 def human_bytes(count: int) -> str:
-    """Bytes in IEC units: 0 B, 512 B, 1.5 KiB, 2.0 GiB."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    """Bytes in IEC units with one decimal (the table's columns are narrow): 1.5 KiB, 2.0 GiB."""
+    return format_bytes(count, decimals=1)
 
 
 def _jobs_with_bytes(group: GroupView, jobs: tuple[str, ...]) -> str:

@@ -40,6 +40,7 @@ from pathlib import Path
 from rlslice import env
 from rlslice._errors import ResourceExhaustedError
 from rlslice._ids import validate_id
+from rlslice.units import format_bytes
 
 __all__ = ["SimBuffer", "SimDevice", "SimOutOfMemoryError", "attach"]
 
@@ -48,7 +49,6 @@ ENV_SIM_DIR = env.SIM_DIR
 ENV_SIM_ROOT = env.SIM_ROOT
 ENV_NODE = env.NODE
 ENV_JOB = env.JOB
-_GiB = 1 << 30
 _counter = itertools.count()
 _live: weakref.WeakSet[SimBuffer] = weakref.WeakSet()
 
@@ -62,10 +62,6 @@ def _node_name() -> str:
     name = socket.gethostname().split(".")[0].lower()
     name = re.sub(r"[^a-z0-9-]+", "-", name).strip("-")[:63].strip("-")
     return name or "node"
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / _GiB:.2f} GiB"
 
 
 @contextlib.contextmanager
@@ -140,10 +136,10 @@ class SimDevice:
             used = _used(self.node_dir, self.index)
             if used + nbytes > self.total_bytes:
                 raise SimOutOfMemoryError(
-                    f"CUDA out of memory (emulated). Tried to allocate {_gib(nbytes)} "
-                    f"(GPU {self.index}; {_gib(self.total_bytes)} total capacity; "
-                    f"{_gib(used)} already allocated; "
-                    f"{_gib(max(0, self.total_bytes - used))} free)"
+                    f"CUDA out of memory (emulated). Tried to allocate {format_bytes(nbytes)} "
+                    f"(GPU {self.index}; {format_bytes(self.total_bytes)} total capacity; "
+                    f"{format_bytes(used)} already allocated; "
+                    f"{format_bytes(max(0, self.total_bytes - used))} free)"
                 )
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:

@@ -19,21 +19,18 @@ from dataclasses import dataclass
 
 from rlslice._errors import InvalidArgumentError
 from rlslice.planner import _checks
+from rlslice.units import format_bytes
 
 #: One gibibyte, 2**30 bytes.
 BYTES_PER_GIB = 1024**3
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
 
 def human_bytes(count: int | float) -> str:
-    """`count` bytes in binary units with two decimals: `human_bytes(16 * 2**30) == "16.00 GiB"`."""
-    value = _checks.real("count", count, minimum=0)
-    for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
-            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    """`count` bytes in binary units with two decimals: `human_bytes(16 * 2**30) == "16.00 GiB"`.
+
+    `rlslice.units.format_bytes` after the planner's argument check (finite, not negative).
+    """
+    return format_bytes(_checks.real("count", count, minimum=0))
 
 
 @dataclass(frozen=True)

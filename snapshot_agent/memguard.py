@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlslice.units import format_bytes as _size
+
 GiB = 1 << 30
 
 
@@ -28,12 +30,6 @@ class CgroupHeadroom:
     def free(self) -> int:
         """Bytes the cgroup may still take."""
         return max(0, self.limit - self.current)
-
-
-def _size(nbytes: int) -> str:
-    if abs(nbytes) >= GiB:
-        return f"{nbytes / GiB:.2f} GiB"
-    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def refusal(

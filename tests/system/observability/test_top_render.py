@@ -211,7 +211,7 @@ def test_a_group_status_message_becomes_a_view_with_every_shown_field() -> None:
         (5 * 1024**2, "5.0 MiB"),
         (int(1.5 * GiB), "1.5 GiB"),
         (3 * 1024**4, "3.0 TiB"),
-        (2048 * 1024**4, "2048.0 TiB"),
+        (2048 * 1024**4, "2.0 PiB"),  # PiB, the one formatter's largest unit (it was TiB here)
     ],
 )
 def test_bytes_are_shown_in_iec_units(count: int, shown: str) -> None:
