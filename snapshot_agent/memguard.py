@@ -55,6 +55,21 @@ def refusal(
     return None
 
 
+def pinned_refusal(
+    extra: int, *, host_available: int, reserve: int, pending: int = 0
+) -> str | None:
+    """None when `extra` more bytes of pinned staging leave the node's reserve free, else the
+    reason. `pending`: bytes still to be parked by moves under way (admitted by `refusal`,
+    not yet taken from host memory), so pinned bytes + parked bytes stay within the budget."""
+    if extra + pending + reserve > host_available:
+        return (
+            f"host memory: {_size(extra)} more pinned staging with {_size(pending)} still "
+            f"being parked would leave less than the reserve of {_size(reserve)} "
+            f"({_size(host_available)} available)"
+        )
+    return None
+
+
 def _cgroup_of(pid: int, proc: Path) -> str | None:
     try:
         text = (proc / str(pid) / "cgroup").read_text()
