@@ -7,7 +7,6 @@ read from environment variables or files, never from flags (they would show in `
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -102,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             if tokens is None:
                 return 1
             if tokens.get("admin-token") and not config.admin_token:
-                config = dataclasses.replace(config, admin_token=tokens["admin-token"])
+                config = config.model_copy(update={"admin_token": tokens["admin-token"]})
         registry = build_registry(config)
         login_in_cluster(registry)
         await kopf.operator(

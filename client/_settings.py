@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
 
 from rlslice import env as env_names
 from rlslice._errors import InvalidArgumentError
@@ -25,9 +26,14 @@ ENV_AGENT_SOCKET = env_names.AGENT_SOCKET
 ENV_AGENT_REGISTERED = env_names.AGENT_REGISTERED
 
 
-@dataclass(frozen=True)
-class ClientSettings:
-    """Everything a client needs to talk to its scheduler, validated."""
+class ClientSettings(BaseModel):
+    """Everything a client needs to talk to its scheduler, validated.
+
+    A pydantic model like every other component's settings; `resolve_settings` builds it,
+    checking each field first so a bad value fails with a one-line message naming it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     scheduler: str | None
     """Scheduler address (`host:port` or `unix:/path`); None disables the client."""

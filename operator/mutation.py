@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from rlslice import env as names
 from rlslice._errors import InvalidArgumentError
@@ -40,9 +41,10 @@ VOLUME_NAME = "rlslice-agent"
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 
 
-@dataclass(frozen=True)
-class InjectionSettings:
+class InjectionSettings(BaseModel):
     """What the operator injects; set from `rlslice operator` flags (the chart sets them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     scheduler_address: str
     """The scheduler's address as pods reach it (`host:port`)."""
@@ -58,7 +60,7 @@ class InjectionSettings:
     """Secret (in the pod's namespace) with `ca.crt` to verify the scheduler; None: plaintext."""
     gpu_toleration_key: str | None = "nvidia.com/gpu"
     """Taint key GPU nodes carry; None adds no toleration."""
-    skip_namespaces: frozenset[str] = field(default=SYSTEM_NAMESPACES)
+    skip_namespaces: frozenset[str] = SYSTEM_NAMESPACES
     """Namespaces whose pods are never mutated (the operator's own belongs here)."""
     sim_root: str | None = None
     """Host folder of the agents' `sim` backend (their `--sim-root`); None: `sim` inside

@@ -1,18 +1,20 @@
-"""The operator's configuration: plain frozen values, filled from `rlslice operator` flags."""
+"""The operator's configuration: frozen pydantic models, filled from `rlslice operator` flags."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from rlslice.config import TLSConfig
 from rlslice.operator.mutation import InjectionSettings
 
 
-@dataclass(frozen=True)
-class WebhookSettings:
+class WebhookSettings(BaseModel):
     """The pod-mutation webhook server the operator runs (kopf's aiohttp server)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     port: int = 9443
     """Port to listen on; the chart's webhook Service targets it."""
@@ -32,9 +34,10 @@ Role = Literal["all", "controller", "webhook"]
 `all` both in one process (standalone use, tests)."""
 
 
-@dataclass(frozen=True)
-class OperatorConfig:
+class OperatorConfig(BaseModel):
     """Everything the kopf handlers need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     scheduler_address: str
     """Where the operator reaches the scheduler (`host:port`)."""
