@@ -36,7 +36,7 @@ tools: venv
 	$(BIN)/python tools/fetch_helm.py
 
 pytest: venv tools
-	$(BIN)/pytest -q -p no:randomly
+	$(BIN)/pytest -q -p no:randomly --durations=25
 
 demo: venv
 	$(BIN)/rlslice demo
