@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlslice.planner.interleave import JobProfile, Phase
+from rlslice.planner.stats import percentile
 
 #: Holds and gaps shorter than this are rounded up to it (the simulator needs positive phases).
 MIN_PHASE_SECONDS = 1e-3
@@ -99,10 +100,10 @@ class Percentiles(BaseModel):
         return cls(
             count=len(ordered),
             mean=round(sum(ordered) / len(ordered), DIGITS),
-            p10=round(_quantile(ordered, 0.10), DIGITS),
-            p50=round(_quantile(ordered, 0.50), DIGITS),
-            p90=round(_quantile(ordered, 0.90), DIGITS),
-            p99=round(_quantile(ordered, 0.99), DIGITS),
+            p10=round(percentile(ordered, 10), DIGITS),
+            p50=round(percentile(ordered, 50), DIGITS),
+            p90=round(percentile(ordered, 90), DIGITS),
+            p99=round(percentile(ordered, 99), DIGITS),
             max=round(ordered[-1], DIGITS),
         )
 
@@ -114,13 +115,6 @@ class Percentiles(BaseModel):
             return 0.0
         spread = (self.p90 - self.p10) / (1.6 * self.p50)
         return round(min(MAX_JITTER, max(0.0, spread)), DIGITS)
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class ProfiledPhase(BaseModel):
@@ -468,7 +462,7 @@ def _maybe(values: Sequence[float] | None) -> Percentiles | None:
 
 
 def _median(values: Sequence[float]) -> float:
-    return _quantile(sorted(values), 0.5) if values else 0.0
+    return percentile(values, 50)
 
 
 def _rate(moved: Sequence[tuple[int, int]], seconds: Sequence[float] | None) -> float | None:

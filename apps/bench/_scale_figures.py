@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlslice.planner import stats
+
 P99_RATIO_TARGET = 2.0
 RSS_TARGET_MIB = 200.0
 DEMAND = 0.5  # each group held about half the time
@@ -25,11 +27,7 @@ def parse_groups(text: str) -> list[int]:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (`q` in 0..100) of `values`; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), -(-len(ordered) * q // 100)))
-    return ordered[int(rank) - 1]
+    return stats.percentile(values, q, method="nearest-rank")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import re
-import statistics
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlslice.apps.harness import child_env, rlslice_argv
+from rlslice.planner.stats import percentile
 
 ACQUIRE_TARGET = 2.0
 HANDOFF_TARGET = 5.0
@@ -60,11 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
+    # Linear interpolation: p50 is the median, as statistics.median gave before.
     return {
-        "p50_ms": statistics.median(ordered) * 1e3,
-        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
-        "n": len(ordered),
+        "p50_ms": percentile(samples, 50) * 1e3,
+        "p99_ms": percentile(samples, 99) * 1e3,
+        "n": len(samples),
     }
 
 
