@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 from rlslice._errors import InvalidArgumentError
 from rlslice.planner import _checks
@@ -155,21 +156,57 @@ def _plan_group(
     gpus = sum(node.gpus for node in members)
     usable = min(node.gpu_memory_bytes for node in members) - group.headroom_bytes
     bandwidth = min(node.host_device_bytes_per_s for node in members)
-    problems: list[str] = []
-    footprints = []
-    for job in (j for j in all_jobs if j.group == group.name):
-        shards = job.shards or gpus
-        totals = peak_memory({name: list(parts) for name, parts in job.phases.items()})
-        per_gpu = {
-            name: ideal_sharded_memory(total, shards) for name, total in totals.phase_totals.items()
-        }
-        footprint = JobFootprint(job.name, per_gpu, totals.phase, per_gpu[totals.phase])
-        footprints.append(footprint)
-        if footprint.peak_bytes > usable:
-            problems.append(
-                f"job {job.name} needs {human_bytes(footprint.peak_bytes)} per GPU in phase "
-                f"{footprint.peak_phase}; a GPU offers {human_bytes(usable)} after headroom"
-            )
+    footprints = [_footprint(j, gpus) for j in all_jobs if j.group == group.name]
+    problems = [
+        f"job {f.name} needs {human_bytes(f.peak_bytes)} per GPU in phase "
+        f"{f.peak_phase}; a GPU offers {human_bytes(usable)} after headroom"
+        for f in footprints
+        if f.peak_bytes > usable
+    ]
+    host = _host_needs(group, members, footprints, problems)
+    pairs = tuple(
+        (a.name, b.name)
+        for a, b in combinations(footprints, 2)
+        if a.peak_bytes + b.peak_bytes <= usable
+    )
+    if problems:
+        verdict = Verdict(False, "; ".join(problems))
+    else:
+        peak = max((f.peak_bytes for f in footprints), default=0)
+        verdict = Verdict(
+            True,
+            f"{len(footprints)} job(s) fit: peak {human_bytes(peak)} per GPU of {human_bytes(usable)}",
+        )
+    return GroupPlan(
+        name=group.name,
+        verdict=verdict,
+        problems=tuple(problems),
+        jobs=tuple(footprints),
+        usable_gpu_bytes=usable,
+        host_bytes=host,
+        coresident_pairs=pairs,
+        all_coresident=sum(f.peak_bytes for f in footprints) <= usable,
+        switch_seconds=_switch_seconds(footprints, pairs, group.switch_overhead_s, bandwidth),
+    )
+
+
+def _footprint(job: JobSpec, gpus: int) -> JobFootprint:
+    """The job's bytes per GPU in each phase, over its shards (every GPU by default)."""
+    totals = peak_memory({name: list(parts) for name, parts in job.phases.items()})
+    shards = job.shards or gpus
+    per_gpu = {
+        name: ideal_sharded_memory(total, shards) for name, total in totals.phase_totals.items()
+    }
+    return JobFootprint(job.name, per_gpu, totals.phase, per_gpu[totals.phase])
+
+
+def _host_needs(
+    group: GroupSpec,
+    members: Sequence[NodeSpec],
+    footprints: Sequence[JobFootprint],
+    problems: list[str],
+) -> dict[str, tuple[int, int]]:
+    """Per node: (needed, available) host bytes to park every job; a shortfall joins `problems`."""
     host: dict[str, tuple[int, int]] = {}
     for node in members:
         parked = [f.peak_bytes * node.gpus for f in footprints]
@@ -182,40 +219,25 @@ def _plan_group(
         host[node.name] = (sum(parked) + group.host_reserve_bytes, node.host_memory_bytes)
         if not verdict.fits:
             problems.append(f"node {node.name}: parking every job of the group: {verdict.reason}")
-    pairs = tuple(
-        (a.name, b.name)
-        for a, b in combinations(footprints, 2)
-        if a.peak_bytes + b.peak_bytes <= usable
-    )
+    return host
+
+
+def _switch_seconds(
+    footprints: Sequence[JobFootprint],
+    pairs: tuple[tuple[str, str], ...],
+    overhead_s: float,
+    bandwidth: float,
+) -> dict[tuple[str, str], float]:
+    """(outgoing, incoming) -> seconds of the switch; 0 for a pair that can be co-resident."""
     switches = {}
     for a in footprints:
         for b in footprints:
             if a is not b:
                 together = (a.name, b.name) in pairs or (b.name, a.name) in pairs
                 switches[(a.name, b.name)] = (
-                    0.0
-                    if together
-                    else group.switch_overhead_s + (a.peak_bytes + b.peak_bytes) / bandwidth
+                    0.0 if together else overhead_s + (a.peak_bytes + b.peak_bytes) / bandwidth
                 )
-    if problems:
-        verdict = Verdict(False, "; ".join(problems))
-    else:
-        verdict = Verdict(
-            True,
-            f"{len(footprints)} job(s) fit: peak {human_bytes(max((f.peak_bytes for f in footprints), default=0))}"
-            f" per GPU of {human_bytes(usable)}",
-        )
-    return GroupPlan(
-        name=group.name,
-        verdict=verdict,
-        problems=tuple(problems),
-        jobs=tuple(footprints),
-        usable_gpu_bytes=usable,
-        host_bytes=host,
-        coresident_pairs=pairs,
-        all_coresident=sum(f.peak_bytes for f in footprints) <= usable,
-        switch_seconds=switches,
-    )
+    return switches
 
 
 def _gib(where: str, data: Mapping[str, object], key: str, default: float | None = None) -> int:
@@ -283,62 +305,61 @@ def plan_from_mapping(data: object) -> CapacityPlan:
     """Parse the YAML layout described in docs/planner.md and plan it."""
     if not isinstance(data, Mapping):
         raise InvalidArgumentError("plan must be a mapping with nodes, groups and jobs")
-    nodes = []
-    for i, raw in enumerate(data.get("nodes") or []):
-        where = f"nodes[{i}]"
-        if not isinstance(raw, Mapping):
-            raise InvalidArgumentError(f"{where} must be a mapping")
-        nodes.append(
-            NodeSpec(
-                name=_checks.name(f"{where}.name", raw.get("name")),
-                gpus=_checks.integer(f"{where}.gpus", raw.get("gpus", 1), minimum=1),
-                gpu_memory_bytes=_gib(where, raw, "gpu_memory_gib"),
-                host_memory_bytes=_gib(where, raw, "host_memory_gib"),
-                host_device_bytes_per_s=_checks.real(
-                    f"{where}.host_device_gb_per_s",
-                    raw.get("host_device_gb_per_s", 25.0),
-                    positive=True,
-                )
-                * 1e9,
-            )
-        )
+    nodes = [_node_spec(where, raw) for where, raw in _entries(data, "nodes")]
     if not nodes:
         raise InvalidArgumentError("nodes must list at least one node")
-    groups = []
-    for i, raw in enumerate(data.get("groups") or []):
-        where = f"groups[{i}]"
-        if not isinstance(raw, Mapping):
-            raise InvalidArgumentError(f"{where} must be a mapping")
-        listed = raw.get("nodes") or [node.name for node in nodes]
-        if isinstance(listed, str) or not isinstance(listed, Sequence):
-            raise InvalidArgumentError(f"{where}.nodes must be a list of node names")
-        groups.append(
-            GroupSpec(
-                name=_checks.name(f"{where}.name", raw.get("name")),
-                nodes=tuple(str(n) for n in listed),
-                headroom_bytes=_gib(where, raw, "headroom_gib", 0.0),
-                host_reserve_bytes=_gib(where, raw, "host_reserve_gib", 0.0),
-                switch_overhead_s=_checks.real(
-                    f"{where}.switch_overhead_s", raw.get("switch_overhead_s", 0.5), minimum=0
-                ),
-            )
-        )
+    every_node = [node.name for node in nodes]
+    groups = [_group_spec(where, raw, every_node) for where, raw in _entries(data, "groups")]
     if not groups:
         raise InvalidArgumentError("groups must list at least one group")
-    jobs = []
-    for i, raw in enumerate(data.get("jobs") or []):
-        where = f"jobs[{i}]"
+    jobs = [_job_spec(where, raw, groups[0].name) for where, raw in _entries(data, "jobs")]
+    return plan_capacity(nodes, groups, jobs)
+
+
+def _entries(data: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, object]]]:
+    """The mappings listed under `key`, each with where it stands (`nodes[0]`)."""
+    entries = []
+    for i, raw in enumerate(data.get(key) or []):
+        where = f"{key}[{i}]"
         if not isinstance(raw, Mapping):
             raise InvalidArgumentError(f"{where} must be a mapping")
-        shards = raw.get("shards")
-        jobs.append(
-            JobSpec(
-                name=_checks.name(f"{where}.name", raw.get("name")),
-                group=_checks.name(f"{where}.group", raw.get("group", groups[0].name)),
-                phases=_job_phases(where, raw),
-                shards=None
-                if shards is None
-                else _checks.integer(f"{where}.shards", shards, minimum=1),
-            )
+        entries.append((where, raw))
+    return entries
+
+
+def _node_spec(where: str, raw: Mapping[str, object]) -> NodeSpec:
+    return NodeSpec(
+        name=_checks.name(f"{where}.name", raw.get("name")),
+        gpus=_checks.integer(f"{where}.gpus", raw.get("gpus", 1), minimum=1),
+        gpu_memory_bytes=_gib(where, raw, "gpu_memory_gib"),
+        host_memory_bytes=_gib(where, raw, "host_memory_gib"),
+        host_device_bytes_per_s=_checks.real(
+            f"{where}.host_device_gb_per_s", raw.get("host_device_gb_per_s", 25.0), positive=True
         )
-    return plan_capacity(nodes, groups, jobs)
+        * 1e9,
+    )
+
+
+def _group_spec(where: str, raw: Mapping[str, object], every_node: list[str]) -> GroupSpec:
+    listed = raw.get("nodes") or every_node
+    if isinstance(listed, str) or not isinstance(listed, Sequence):
+        raise InvalidArgumentError(f"{where}.nodes must be a list of node names")
+    return GroupSpec(
+        name=_checks.name(f"{where}.name", raw.get("name")),
+        nodes=tuple(str(n) for n in listed),
+        headroom_bytes=_gib(where, raw, "headroom_gib", 0.0),
+        host_reserve_bytes=_gib(where, raw, "host_reserve_gib", 0.0),
+        switch_overhead_s=_checks.real(
+            f"{where}.switch_overhead_s", raw.get("switch_overhead_s", 0.5), minimum=0
+        ),
+    )
+
+
+def _job_spec(where: str, raw: Mapping[str, object], first_group: str) -> JobSpec:
+    shards = raw.get("shards")
+    return JobSpec(
+        name=_checks.name(f"{where}.name", raw.get("name")),
+        group=_checks.name(f"{where}.group", raw.get("group", first_group)),
+        phases=_job_phases(where, raw),
+        shards=None if shards is None else _checks.integer(f"{where}.shards", shards, minimum=1),
+    )
