@@ -291,73 +291,87 @@ def _sequential(run: _Run) -> None:
 
 
 def _bounded_async(run: _Run) -> None:
-    c = run.config
-    end = c.duration_seconds
-    events: list[tuple[float, int, str, _Rollout | None]] = []
-    sequence = 0
-    idle_generators = c.generators
-    trainer_free = True
-    blocked_since: float | None = None
-    batch: list[_Rollout] = []
+    _BoundedAsync(run).run()
 
-    def schedule(at: float, kind: str, rollout: _Rollout | None = None) -> None:
-        nonlocal sequence
-        sequence += 1
-        heapq.heappush(events, (at, sequence, kind, rollout))
 
-    def admit() -> None:
-        nonlocal idle_generators, blocked_since
-        while idle_generators and run.queue_tokens < c.max_queue_tokens:
-            idle_generators -= 1
+class _BoundedAsync:
+    """The bounded-async mode: generators and trainer as events on one simulated clock."""
+
+    def __init__(self, run: _Run) -> None:
+        self.state = run
+        self.c = run.config
+        self.end = self.c.duration_seconds
+        self.events: list[tuple[float, int, str, _Rollout | None]] = []
+        self.sequence = 0
+        self.idle_generators = self.c.generators
+        self.trainer_free = True
+        self.blocked_since: float | None = None
+        self.batch: list[_Rollout] = []
+
+    def schedule(self, at: float, kind: str, rollout: _Rollout | None = None) -> None:
+        self.sequence += 1
+        heapq.heappush(self.events, (at, self.sequence, kind, rollout))
+
+    def admit(self) -> None:
+        """Idle generators start a rollout while the queue has room; blocked time is counted."""
+        run, c = self.state, self.c
+        while self.idle_generators and run.queue_tokens < c.max_queue_tokens:
+            self.idle_generators -= 1
             tokens = run.sample_tokens()
-            schedule(
+            self.schedule(
                 run.now + tokens / c.generator_tokens_per_second,
                 "rollout",
                 _Rollout(tokens, run.published),
             )
-        if idle_generators and blocked_since is None:
-            blocked_since = run.now
-        elif not idle_generators and blocked_since is not None:
-            run.backpressure += run.now - blocked_since
-            blocked_since = None
+        if self.idle_generators and self.blocked_since is None:
+            self.blocked_since = run.now
+        elif not self.idle_generators and self.blocked_since is not None:
+            run.backpressure += run.now - self.blocked_since
+            self.blocked_since = None
 
-    def start_training() -> None:
-        nonlocal trainer_free, batch
-        if not trainer_free:
+    def start_training(self) -> None:
+        run = self.state
+        if not self.trainer_free:
             return
         run.drop_stale()
-        if len(run.queue) < c.rollouts_per_update:
+        if len(run.queue) < self.c.rollouts_per_update:
             return
-        batch = run.take_batch()
-        trainer_free = False
-        seconds = run.train_seconds(batch)
-        run.train_busy += min(seconds, end - run.now)
-        schedule(run.now + seconds, "trained")
+        self.batch = run.take_batch()
+        self.trainer_free = False
+        seconds = run.train_seconds(self.batch)
+        run.train_busy += min(seconds, self.end - run.now)
+        self.schedule(run.now + seconds, "trained")
 
-    admit()
-    run.record()
-    while events and events[0][0] <= end:
-        run.now, _, kind, rollout = heapq.heappop(events)
+    def handle(self, kind: str, rollout: _Rollout | None) -> None:
+        run, c = self.state, self.c
         if kind == "rollout":
             assert rollout is not None
-            idle_generators += 1
+            self.idle_generators += 1
             run.push(rollout)
         elif kind == "trained":
-            run.finish_update(batch, run.now)
+            run.finish_update(self.batch, run.now)
             if run.version % c.sync_every_updates == 0:
-                run.sync_busy += min(c.sync_seconds, end - run.now)
-                schedule(run.now + c.sync_seconds, "published")
+                run.sync_busy += min(c.sync_seconds, self.end - run.now)
+                self.schedule(run.now + c.sync_seconds, "published")
             else:
-                trainer_free = True
+                self.trainer_free = True
         elif kind == "published":
             run.published = run.version
-            trainer_free = True
-        start_training()
-        admit()
+            self.trainer_free = True
+
+    def run(self) -> None:
+        run = self.state
+        self.admit()
         run.record()
-    run.now = end
-    if blocked_since is not None:
-        run.backpressure += end - blocked_since
+        while self.events and self.events[0][0] <= self.end:
+            run.now, _, kind, rollout = heapq.heappop(self.events)
+            self.handle(kind, rollout)
+            self.start_training()
+            self.admit()
+            run.record()
+        run.now = self.end
+        if self.blocked_since is not None:
+            run.backpressure += self.end - self.blocked_since
 
 
 def simulate_pipeline(config: PipelineConfig) -> PipelineResult:
