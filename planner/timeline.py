@@ -7,10 +7,10 @@ events) and simulated ones look the same. matplotlib is imported only when drawi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rlslice._errors import InvalidArgumentError
 
@@ -91,21 +91,45 @@ def plot_timeline(
     intervals = _intervals(lanes)
     marks = _markers(switches)
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
-    jobs: list[str] = []
-    for interval in intervals:
-        if interval.job not in jobs:
-            jobs.append(interval.job)
+    jobs = list(dict.fromkeys(interval.job for interval in intervals))
+    colours = _colours(intervals)
+    rows = len(jobs) + 1
+    figure = Figure(figsize=(11, 1.0 + 0.6 * rows))
+    axes = figure.add_subplot()
+    _draw_lanes(axes, jobs, intervals, marks, colours)
+    axes.set_yticks(range(rows), [*jobs, "switches"])
+    axes.set_ylim(rows - 0.5, -0.5)
+    axes.set_xlabel("time, s")
+    if title:
+        axes.set_title(title)
+    axes.grid(axis="x", alpha=0.25)
+    _legend(axes, intervals, marks, colours)
+    figure.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=110, bbox_inches="tight")
+    return target
+
+
+def _colours(intervals: Sequence[TimelineInterval]) -> dict[str, str]:
+    """The fixed colour of each known kind; an unknown kind takes the next spare colour."""
     colours = dict(KIND_COLOURS)
     for interval in intervals:
         base = interval.kind.split(":", 1)[0]
         if base not in colours:
             colours[base] = _EXTRA_COLOURS[(len(colours) - len(KIND_COLOURS)) % len(_EXTRA_COLOURS)]
+    return colours
 
-    rows = len(jobs) + 1
-    figure = Figure(figsize=(11, 1.0 + 0.6 * rows))
-    axes = figure.add_subplot()
+
+def _draw_lanes(
+    axes: Any,
+    jobs: Sequence[str],
+    intervals: Sequence[TimelineInterval],
+    marks: Sequence[tuple[float, float]],
+    colours: Mapping[str, str],
+) -> None:
+    """One bar row per job, then the switches row with a faint line at each switch's start."""
     for row, job in enumerate(jobs):
         for interval in intervals:
             if interval.job == job:
@@ -125,12 +149,16 @@ def plot_timeline(
         )
         for start, _ in marks:
             axes.axvline(start, color=KIND_COLOURS["switch"], linewidth=0.4, alpha=0.35)
-    axes.set_yticks(range(rows), [*jobs, "switches"])
-    axes.set_ylim(rows - 0.5, -0.5)
-    axes.set_xlabel("time, s")
-    if title:
-        axes.set_title(title)
-    axes.grid(axis="x", alpha=0.25)
+
+
+def _legend(
+    axes: Any,
+    intervals: Sequence[TimelineInterval],
+    marks: Sequence[tuple[float, float]],
+    colours: Mapping[str, str],
+) -> None:
+    from matplotlib.patches import Patch
+
     used = sorted({i.kind.split(":", 1)[0] for i in intervals} | ({"switch"} if marks else set()))
     axes.legend(
         handles=[Patch(color=colours[kind], label=kind) for kind in used],
@@ -139,8 +167,3 @@ def plot_timeline(
         fontsize="small",
         frameon=False,
     )
-    figure.tight_layout()
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, dpi=110, bbox_inches="tight")
-    return target
