@@ -377,6 +377,23 @@ def _slowdown(alone: float, shared: float) -> float:
     return alone / shared if shared > 0 else float("inf")
 
 
+def _outcome(
+    job: JobProfile, state: _JobState, group: _Group, seed: int, horizon: float
+) -> JobOutcome:
+    """The job run alone (same draws, by the seed) next to its share of the sliced `group`."""
+    cycles, gpu = _dedicated(job, _Durations(job, seed), horizon)
+    active_dedicated = max(0.0, horizon - job.offset_s)
+    return JobOutcome(
+        name=job.name,
+        dedicated_cycles=cycles,
+        sliced_cycles=group.cycles(state),
+        dedicated_busy_fraction=gpu / horizon,
+        sliced_gpu_seconds=state.gpu_seconds,
+        wait_seconds=state.wait_seconds,
+        slowdown=_slowdown(active_dedicated, state.active_seconds),
+    )
+
+
 def simulate_interleaving(
     jobs: Sequence[JobProfile],
     *,
@@ -412,23 +429,11 @@ def simulate_interleaving(
     )
     group.run()
 
-    outcomes = []
-    dedicated_total = 0.0
-    for job, state in zip(profiles, group.states, strict=True):
-        cycles, gpu = _dedicated(job, _Durations(job, seed), horizon)
-        active_dedicated = max(0.0, horizon - job.offset_s)
-        dedicated_total += gpu / horizon
-        outcomes.append(
-            JobOutcome(
-                name=job.name,
-                dedicated_cycles=cycles,
-                sliced_cycles=group.cycles(state),
-                dedicated_busy_fraction=gpu / horizon,
-                sliced_gpu_seconds=state.gpu_seconds,
-                wait_seconds=state.wait_seconds,
-                slowdown=_slowdown(active_dedicated, state.active_seconds),
-            )
-        )
+    outcomes = [
+        _outcome(job, state, group, seed, horizon)
+        for job, state in zip(profiles, group.states, strict=True)
+    ]
+    dedicated_total = sum(outcome.dedicated_busy_fraction for outcome in outcomes)
     return InterleaveResult(
         policy=chosen,
         horizon_s=horizon,
