@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from rlslice._errors import (
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
+from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import GroupState, Switch, events
 from rlslice.scheduler.core.membership import group_nodes
 from rlslice.scheduler.core.moves import (
@@ -129,7 +129,7 @@ class Coordinator:
         retries: int = 3,
         backoff: float = 0.1,
         overlap: bool = True,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.agents: dict[str, AgentRecord] = {}
         self._token, self._tls = token, tls
@@ -137,7 +137,8 @@ class Coordinator:
         self._retries, self._backoff = retries, backoff
         self.overlap = overlap
         """One Switch call per node (restore overlapping snapshots); False: serial calls."""
-        self._clock = clock
+        self._clock: Callable[[], float] = clock if clock is not None else LoopClock()
+        """Times switches; the engine's clock (the loop's) when the server builds both."""
         self._channels: dict[str, _Channel] = {}
         self._closing: set[asyncio.Task[None]] = set()
 

@@ -17,8 +17,7 @@ import hmac
 import itertools
 import logging
 import secrets
-import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +33,7 @@ from rlslice.config import GroupSpec
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
 from rlslice.scheduler._waits import WaitIndex, actor
 from rlslice.scheduler.capacity import register_refusal
+from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import (
     Deadlock,
     GroupState,
@@ -103,14 +103,15 @@ class Engine:
         host_reserve_bytes: int = 0,
         ring_size: int = 128,
         watch_queue_size: int = 1024,
-        clock: Callable[[], float] = time.time,
+        clock: LoopClock | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
         self.metrics = metrics
         self.auto_create_groups = auto_create_groups
         self.host_reserve_bytes = host_reserve_bytes
-        self.clock = clock
+        self.clock = clock if clock is not None else LoopClock()
+        """The one clock: state's Unix times and the timers both read the loop's time."""
         self._ring_size = ring_size
         self._watch_queue_size = watch_queue_size
         self.groups: dict[str, GroupRuntime] = {}
@@ -133,6 +134,7 @@ class Engine:
 
     async def start(self, initial_groups: tuple[GroupSpec, ...] = ()) -> dict[str, AgentRecord]:
         """Load the store, resume interrupted switches, create the configured groups."""
+        self.clock.start()
         loaded = await self.store.load()
         for name, state in loaded.groups.items():
             runtime = GroupRuntime(state, EventRing(self._ring_size))
@@ -426,7 +428,7 @@ class Engine:
             self.metrics.set_holder(after.name, after.holder)
         if after.queue is not before.queue:
             self.metrics.set_queue_depth(after.name, len(after.queue))
-        self._schedule(runtime, now)
+        self._schedule(runtime)
         for followup in followups:
             if self.groups.get(after.name) is runtime:
                 self._apply(runtime, followup)
@@ -546,7 +548,7 @@ class Engine:
         self.metrics.forget_group(name)
         self.metrics.groups.set(len(self.groups))
 
-    def _schedule(self, runtime: GroupRuntime, now: float) -> None:
+    def _schedule(self, runtime: GroupRuntime) -> None:
         """Keep one timer per group at its next deadline. A later deadline keeps the earlier
         timer (it fires, finds nothing due and re-arms): cheaper than re-arming on every
         keep-alive."""
@@ -559,7 +561,8 @@ class Engine:
             runtime.timer.cancel()
         loop = asyncio.get_running_loop()
         runtime.timer_at = due
-        runtime.timer = loop.call_at(loop.time() + max(0.0, due - now), self._fire, runtime)
+        # One clock: the timer fires at the very loop time the state's deadline names.
+        runtime.timer = loop.call_at(self.clock.loop_time(due), self._fire, runtime)
 
     def _fire(self, runtime: GroupRuntime) -> None:
         runtime.timer = None
@@ -573,7 +576,9 @@ class Engine:
             if not self._closed:
                 loop = asyncio.get_running_loop()
                 runtime.timer_at = self.clock() + STORE_RETRY_SECONDS
-                runtime.timer = loop.call_later(STORE_RETRY_SECONDS, self._fire, runtime)
+                runtime.timer = loop.call_at(
+                    self.clock.loop_time(runtime.timer_at), self._fire, runtime
+                )
 
     async def _run_switch(self, runtime: GroupRuntime, switch: Switch) -> None:
         try:

@@ -32,12 +32,12 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from rlslice.adapters.kube import KubeAPI, KubeError
+from rlslice.scheduler.clock import LoopClock
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class LeaseElector:
         *,
         duration: float = 15.0,
         retry_period: float = 2.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -153,7 +153,9 @@ class LeaseElector:
         self.identity = identity
         self.duration = duration
         self.retry_period = retry_period
-        self._clock = clock
+        # The loop's clock as Unix time, like the engine's; Lease times are Unix times
+        # other replicas compare with theirs (the renew margin covers skew).
+        self._clock: Callable[[], float] = clock if clock is not None else LoopClock()
         self._valid_until = 0.0
         self._seen: dict[str, Any] | None = None  # the Lease's spec as last read
 

@@ -14,6 +14,7 @@ import logging
 
 from rlslice.adapters.auth import Role
 from rlslice.adapters.server import GrpcServer
+from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.coordinator import Coordinator
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
@@ -99,6 +100,7 @@ async def start_scheduler(
     """
     check_exposure(settings)
     metrics = SchedulerMetrics()
+    clock = LoopClock()  # one clock for the engine's state and timers and the switch timings
     coordinator = Coordinator(
         token=settings.agent_token,
         tls=settings.agent_tls,
@@ -106,6 +108,7 @@ async def start_scheduler(
         status_timeout=settings.status_timeout_seconds,
         retries=settings.agent_retries,
         backoff=settings.retry_backoff_seconds,
+        clock=clock,
     )
     engine = Engine(
         store if store is not None else open_store(settings.store),
@@ -115,6 +118,7 @@ async def start_scheduler(
         host_reserve_bytes=settings.host_reserve_bytes,
         ring_size=settings.event_ring_size,
         watch_queue_size=settings.watch_queue_size,
+        clock=clock,
     )
     grpc_server = await GrpcServer.create(
         tokens={

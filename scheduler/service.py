@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -89,7 +88,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             raise UnavailableError("scheduler: starting (state not loaded yet); retry")
 
     def status(self, state: GroupState, runtime: GroupRuntime | None = None) -> pb.GroupStatus:
-        now = time.time()
+        now = self.engine.clock()
         busy = 0.0
         if runtime is not None:
             busy = runtime.busy.fraction(now, state.holder_since if state.holder else None)
@@ -281,7 +280,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             device_total_bytes=tuple(request.device_total_bytes),
             host_available_bytes=request.host_available_bytes,
             labels=dict(request.labels),
-            registered_at=time.time(),
+            registered_at=self.engine.clock(),
         )
         self.coordinator.add_agent(record)
         self.engine.store.save_agent(record)

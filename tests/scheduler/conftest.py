@@ -191,3 +191,60 @@ async def live() -> AsyncIterator[Live]:
 def start_live() -> Callable[..., contextlib.AbstractAsyncContextManager[Live]]:
     """`async with start_live(**settings) as live:` for tests that need their own settings."""
     return live_scheduler
+
+
+# -- an engine in this process, no gRPC: for tests on the loop's clock (looptime) ---------
+
+
+@dataclass
+class Runner:
+    """A coordinator stand-in. With no `nodes`, switches are pure lock handoffs; with nodes,
+    every switch succeeds at once and releases are recorded."""
+
+    nodes: tuple[str, ...] = ()
+    releases: list[tuple[str, bool]] = field(default_factory=list)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
+        return self.nodes
+
+    async def run_switch(self, state: GroupState, switch: Any) -> events.Event:
+        return events.SwitchDone(switch.epoch, switch.evict + switch.candidates)
+
+    async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
+        self.releases.append((job, force))
+        self.released.set()
+
+    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
+        return {}
+
+
+@contextlib.asynccontextmanager
+async def engine_on_loop(runner: Runner | None = None, **kw: Any) -> AsyncIterator[Any]:
+    """A started, recovered engine over a memory store, in auto-create mode."""
+    from rlslice.scheduler.engine import Engine
+    from rlslice.scheduler.metrics import SchedulerMetrics
+    from rlslice.scheduler.store import MemoryStore
+
+    metrics = SchedulerMetrics()
+    engine = Engine(
+        kw.pop("store", None) or MemoryStore(),
+        runner or Runner(),
+        metrics,
+        auto_create_groups=True,
+        **kw,
+    )
+    await engine.start()
+    engine.recover()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+        metrics.close()
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Any]:
+    """An in-process engine with no agents (every switch a pure lock handoff)."""
+    async with engine_on_loop() as value:
+        yield value

@@ -7,8 +7,7 @@ resident one is granted without any snapshot (co-residency); one unreachable nod
 snapshots that succeeded are rolled back, the switch is retried once, the waiter fails
 ABORTED naming the node, and the outgoing job runs on; a node refusing the snapshot ->
 FAILED_PRECONDITION; a restore that keeps failing -> the job is FAULTED with the reason and
-the next waiter is served; a lapsed lease releases state without force, unregister with
-force; a group's `nodes` limits the switch to those agents; a scheduler stopped after the
+the next waiter is served; a group's `nodes` limits the switch to those agents; a scheduler stopped after the
 snapshot and before the restore completes the switch when it starts again on its file.
 """
 
@@ -240,20 +239,6 @@ async def test_a_restore_that_keeps_failing_faults_the_job_and_serves_the_next(
         assert faulted.state == pb.JOB_STATE_FAULTED
         assert "bytes do not fit" in faulted.reason
         assert status.phase == "Degraded"
-
-
-async def test_lapsed_leases_release_without_force_and_unregister_with_force(
-    start_live: Callable[..., Any], agents: list[FakeAgent]
-) -> None:
-    async with start_live(**FAST) as live:
-        live.engine.put_group(GroupSpec(name="g"))
-        await _join(live, agents)
-        await live.register("a", lease_seconds=0.2)
-        b = await live.register("b")
-        await live.stub.Unregister(pb.UnregisterRequest(lease_id=b.lease_id, secret=b.secret))
-        await asyncio.sleep(0.5)
-        for fake in agents:
-            assert sorted(fake.releases) == [("a", False), ("b", True)]
 
 
 async def test_a_groups_nodes_limit_the_switch_to_those_agents(

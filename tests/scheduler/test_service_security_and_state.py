@@ -5,8 +5,8 @@ groups or register agents (PERMISSION_DENIED), the admin and agent tokens can, h
 none, and refusals change nothing; a scheduler restarted on the same SQLite file has the
 same holder, queue order, parked set and epoch, the holder's lease still works and a
 waiter that calls again rejoins in place; two schedulers in one process each serve their
-own metrics; TLS serves verified clients and refuses plaintext; a holder past max_hold is asked to yield through KeepAlive, then preempted,
-its late Yield is accepted and its next Acquire works.
+own metrics; TLS serves verified clients and refuses plaintext. (Max-hold preemption runs
+on the loop's fake clock: test_engine_clock.py.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import pytest
@@ -27,9 +27,6 @@ from rlslice.adapters.channel import open_channel
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
-
-if TYPE_CHECKING:
-    from conftest import Live
 
 TOKENS = {"job_token": "job-secret", "admin_token": "admin-secret", "agent_token": "agent-secret"}
 
@@ -148,31 +145,6 @@ async def test_each_scheduler_serves_its_own_metrics(start_live: Callable[..., A
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return str(response.read().decode())
-
-
-async def test_a_holder_past_max_hold_is_asked_to_yield_then_preempted(live: Live) -> None:
-    live.engine.put_group(GroupSpec(name="g", max_hold_seconds=0.2, yield_grace_seconds=0.3))
-    a = await live.register("a")
-    b = await live.register("b")
-    await live.acquire("a", a)
-    waiting = asyncio.ensure_future(live.acquire("b", b))
-    await asyncio.sleep(0.3)
-    keep = pb.KeepAliveRequest(lease_id=a.lease_id, secret=a.secret)
-    answer = await live.stub.KeepAlive(keep)
-    assert answer.yield_requested is True
-    assert 0 < answer.preempt_in_seconds <= 0.3
-    grant = await asyncio.wait_for(waiting, 5)
-    assert grant.job == "b"
-    assert (await live.stub.KeepAlive(keep)).yield_requested is True
-    late = await live.yield_("a", a)  # a believed it held: its yield is accepted
-    assert late.snapshot_deferred is False
-    again = asyncio.ensure_future(live.acquire("a", a))
-    await live.waiting("a")
-    await live.yield_("b", b)
-    assert (await asyncio.wait_for(again, 5)).job == "a"
-    kinds = [e.kind for e in (await live.stub.GetEvents(pb.GetEventsRequest(group="g"))).events]
-    assert pb.EVENT_KIND_YIELD_REQUESTED in kinds
-    assert pb.EVENT_KIND_PREEMPTED in kinds
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
