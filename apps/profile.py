@@ -55,51 +55,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_connection_flags(parser)
 
 
+class _Refused(Exception):
+    """The command stops with `code` and prints the message after `profile: `."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
     from rlslice.planner.profile import dump_profiles, profiles_from_events
 
-    if args.from_log is not None:
-        try:
-            events = events_from_json(json.loads(args.from_log.read_text()))
-        except (OSError, ValueError) as error:
-            print(f"profile: --from-log: {args.from_log}: {error}", file=sys.stderr)
-            return 2
-        group, source = args.group, f"log {args.from_log.name}"
-        events = [e for e in events if not group or e.group == group]
-    else:
-        import asyncio
-
-        from rlslice._errors import RlsliceError
-
-        if args.seconds <= 0:
-            print("profile: --seconds: must be positive", file=sys.stderr)
-            return 2
-        try:
-            connection = connection_from(args)
-        except RlsliceError as error:
-            print(f"profile: {error}", file=sys.stderr)
-            return 2
-        try:
-            events = asyncio.run(
-                watch_events(
-                    connection.address,
-                    args.watch,
-                    args.seconds,
-                    connection.token or "",
-                    tls=connection.tls,
-                )
-            )
-        except RlsliceError as error:
-            print(f"profile: {connection.address}: {error}", file=sys.stderr)
-            return 1
-        group, source = args.watch, f"watch {args.watch}"
-        if args.save_log is not None:
-            args.save_log.write_text(
-                json.dumps({"events": [event_to_dict(e) for e in events]}, indent=1)
-            )
+    try:
+        events, group, source = _from_log(args) if args.from_log is not None else _watched(args)
+    except _Refused as refused:
+        print(f"profile: {refused}", file=sys.stderr)
+        return refused.code
     try:
         profiles = profiles_from_events(
             events,
@@ -121,6 +95,47 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     print_summary(profiles, file=sys.stderr if args.out is None else sys.stdout)
     return 0
+
+
+def _from_log(args: argparse.Namespace) -> tuple[list[Event], str, str]:
+    """`--from-log`: the events of the log (of `--group` only, if given), group, source."""
+    try:
+        events = events_from_json(json.loads(args.from_log.read_text()))
+    except (OSError, ValueError) as error:
+        raise _Refused(2, f"--from-log: {args.from_log}: {error}") from None
+    group = args.group
+    return [e for e in events if not group or e.group == group], group, f"log {args.from_log.name}"
+
+
+def _watched(args: argparse.Namespace) -> tuple[list[Event], str, str]:
+    """`--watch`: the group's events for `--seconds` (saved with `--save-log`), group, source."""
+    import asyncio
+
+    from rlslice._errors import RlsliceError
+
+    if args.seconds <= 0:
+        raise _Refused(2, "--seconds: must be positive")
+    try:
+        connection = connection_from(args)
+    except RlsliceError as error:
+        raise _Refused(2, str(error)) from None
+    try:
+        events = asyncio.run(
+            watch_events(
+                connection.address,
+                args.watch,
+                args.seconds,
+                connection.token or "",
+                tls=connection.tls,
+            )
+        )
+    except RlsliceError as error:
+        raise _Refused(1, f"{connection.address}: {error}") from None
+    if args.save_log is not None:
+        args.save_log.write_text(
+            json.dumps({"events": [event_to_dict(e) for e in events]}, indent=1)
+        )
+    return events, args.watch, f"watch {args.watch}"
 
 
 def print_summary(profiles: tuple[WorkloadProfile, ...], *, file: TextIO) -> None:

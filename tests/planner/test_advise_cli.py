@@ -285,3 +285,11 @@ def test_profile_refuses_a_log_that_is_not_one_and_says_when_no_job_held(
     empty = _log(tmp_path, [Event(time=1.0, group="g", kind="REGISTERED", job="a")])
     assert main(["profile", "--from-log", str(empty)]) == 1
     assert "no job held" in capsys.readouterr().err
+
+
+def test_profile_watch_refuses_a_window_that_is_not_positive_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # An address nothing listens on: the refusal comes before any connection.
+    assert main(["profile", "--watch", "g", "--seconds", "0", "--scheduler", "127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == "profile: --seconds: must be positive\n"
