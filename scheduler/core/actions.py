@@ -67,14 +67,6 @@ class Fail:
 
 
 @dataclass(frozen=True, slots=True)
-class AskYield:
-    """Tell the holder (through its keep-alive answers) to yield before `preempt_at`."""
-
-    job: str
-    preempt_at: float
-
-
-@dataclass(frozen=True, slots=True)
 class Preempt:
     """The holder `job` is being snapshotted while it believes it holds."""
 
@@ -117,6 +109,4 @@ class Record:
     bytes: int = 0
 
 
-Action = (
-    StartSwitch | Grant | Fail | AskYield | Preempt | ReleaseState | Yielded | HoldEnded | Record
-)
+Action = StartSwitch | Grant | Fail | Preempt | ReleaseState | Yielded | HoldEnded | Record

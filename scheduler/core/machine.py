@@ -223,9 +223,9 @@ def _check_hold(tx: _Tx) -> None:
         return
     if s.yield_requested_at is None:
         if tx.now >= s.holder_since + limit:
+            # The request lives in the state (KeepAlive answers read it: clients poll, there
+            # is no push channel) and in the YIELD_REQUESTED event; nothing else to execute.
             tx.set(yield_requested_at=tx.now)
-            preempt_at = tx.now + s.spec.yield_grace_seconds
-            tx.emit(a.AskYield(s.holder, preempt_at))
             tx.record(Kind.YIELD_REQUESTED, s.holder, f"held past {limit:g} s")
         return
     if tx.now < s.yield_requested_at + s.spec.yield_grace_seconds:
