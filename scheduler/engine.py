@@ -123,8 +123,6 @@ class Engine:
         self._global_watchers: set[asyncio.Queue[EventEntry | None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._acknowledged: dict[str, tuple[str, int]] = {}
-        """Per group, the (holder, epoch) whose client was answered ALREADY_EXISTS."""
         self.ready = False
         """True once the store is loaded and interrupted switches resumed (`recover`): the
         service answers UNAVAILABLE (clients retry) until then, never from an empty state."""
@@ -280,10 +278,6 @@ class Engine:
                 self._break_cycle(runtime, job, ticket)
         except BaseException:
             runtime.calls.pop(ticket, None)
-            if runtime.state.holder == job:
-                # ALREADY_EXISTS to the holder: its client, re-issuing an acquire whose
-                # answer it lost, now knows it holds; a late "lost grant" must not undo that.
-                self._acknowledged[group] = (job, runtime.state.epoch)
             raise
         if not future.done():
             try:
@@ -336,14 +330,15 @@ class Engine:
     def lost_grant(self, group: str, job: str, epoch: int) -> None:
         """A grant was decided but its caller went away before reading it: yield for it."""
         runtime = self.groups.get(group)
-        if self._acknowledged.get(group) == (job, epoch):
-            return  # the job called again and was told it holds: it does
-        if runtime and runtime.state.holder == job and runtime.state.epoch == epoch:
-            log.info("job %s left before reading its grant of %s: yielding for it", job, group)
-            try:
-                self._apply(runtime, events.Yield(job))
-            except UnavailableError as error:  # the job's next call finds it holding
-                log.warning("yield for job %s in %s not persisted: %s", job, group, error)
+        if runtime is None:
+            return
+        try:
+            done = self._apply(runtime, events.LostGrant(job, epoch))
+        except UnavailableError as error:  # the job's next call finds it holding
+            log.warning("yield for job %s in %s not persisted: %s", job, group, error)
+            return
+        if any(isinstance(action, actions.Yielded) for action in done):
+            log.info("job %s left before reading its grant of %s: yielded for it", job, group)
 
     def yield_(self, group: str, job: str, lease_id: str, secret: str) -> actions.Yielded:
         """Give the group up (holder, or a preempted job acknowledging)."""

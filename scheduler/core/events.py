@@ -63,6 +63,15 @@ class Yield:
 
 
 @dataclass(frozen=True, slots=True)
+class LostGrant:
+    """The grant at `epoch` was decided but its caller went away before reading it: yield
+    for the job, unless its client has since been told it holds (`acknowledged`)."""
+
+    job: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: lapse leases, ask holders past max_hold to yield, preempt after grace."""
 
@@ -161,6 +170,7 @@ Event = (
     | Acquire
     | Cancel
     | Yield
+    | LostGrant
     | Tick
     | SwitchDone
     | SnapshotFailed

@@ -140,7 +140,12 @@ def _acquire(tx: _Tx, e: ev.Acquire) -> None:
     s = tx.s
     _require_job(s, e.job)
     if s.holder == e.job:
-        raise AlreadyExistsError(f"job: {e.job!r} already holds group {s.name!r}")
+        # An answer, not a refusal: the client re-issuing an acquire whose answer it lost
+        # now knows it holds, so a late LostGrant for this hold must not undo that.
+        tx.set(acknowledged=(e.job, s.epoch))
+        reason = f"job: {e.job!r} already holds group {s.name!r}"
+        tx.emit(a.Fail(e.job, e.ticket, AlreadyExistsError, reason))
+        return
     waiter = s.waiter(e.job)
     if waiter is not None:
         if waiter.attached:
@@ -198,6 +203,14 @@ def _yield(tx: _Tx, e: ev.Yield) -> None:
     raise FailedPreconditionError(
         f"job: {e.job!r} does not hold group {s.name!r} (it is {holder}); only the holder may yield"
     )
+
+
+def _lost_grant(tx: _Tx, e: ev.LostGrant) -> None:
+    s = tx.s
+    if s.acknowledged == (e.job, e.epoch):
+        return  # the job called again and was told it holds: it does
+    if s.holder == e.job and s.epoch == e.epoch:
+        _yield(tx, ev.Yield(e.job))
 
 
 # -- time -------------------------------------------------------------------------------
@@ -655,6 +668,7 @@ def _end_hold(tx: _Tx) -> float:
         holder=None,
         holder_since=0.0,
         yield_requested_at=None,
+        acknowledged=None,
     )
     tx.emit(a.HoldEnded(record.name, held))
     return held
@@ -770,6 +784,7 @@ _HANDLERS: dict[type[Any], Callable[[_Tx, Any], None]] = {
     ev.Acquire: _acquire,
     ev.Cancel: _cancel,
     ev.Yield: _yield,
+    ev.LostGrant: _lost_grant,
     ev.Tick: _tick,
     ev.SwitchDone: _switch_done,
     ev.SnapshotFailed: _snapshot_failed,

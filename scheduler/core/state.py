@@ -132,6 +132,10 @@ class GroupState:
     fencing: tuple[str, ...] = ()
     """Jobs whose lease lapsed while they held (alive but unreachable, maybe still running):
     no one is granted the group until a switch has fenced them on every node."""
+    acknowledged: tuple[str, int] | None = None
+    """(holder, epoch) whose client was answered ALREADY_EXISTS for an Acquire it re-issued
+    (it lost the grant's answer): that client knows it holds, so a late `LostGrant` for the
+    same hold is ignored. Cleared when the hold ends."""
 
     @property
     def name(self) -> str:

@@ -58,6 +58,7 @@ def encode_group(state: GroupState) -> dict[str, Any]:
         "fencing": list(state.fencing),
         "prefetched": list(state.prefetched),
         "unfit": list(state.unfit) if state.unfit is not None else None,
+        "acknowledged": list(state.acknowledged) if state.acknowledged is not None else None,
     }
 
 
@@ -105,8 +106,13 @@ def decode_group(data: dict[str, Any]) -> GroupState:
         fencing=tuple(data.get("fencing", ())),
         prefetched=tuple(data.get("prefetched", ())),
         unfit=_pair(data.get("unfit")),
+        acknowledged=_acknowledged(data.get("acknowledged")),
     )
 
 
 def _pair(value: Any) -> tuple[str, str] | None:
     return (str(value[0]), str(value[1])) if value else None
+
+
+def _acknowledged(value: Any) -> tuple[str, int] | None:
+    return (str(value[0]), int(value[1])) if value else None

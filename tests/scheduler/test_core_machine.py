@@ -121,7 +121,6 @@ def test_a_coresident_waiter_is_granted_without_a_switch(new: Callable[..., Driv
 @pytest.mark.parametrize(
     ("event", "error"),
     [
-        (events.Acquire("a", 99), AlreadyExistsError),
         (events.Yield("b"), FailedPreconditionError),
         (events.Register("a", "x", "h", 30), AlreadyExistsError),
         (events.Acquire("stranger", 99), FailedPreconditionError),

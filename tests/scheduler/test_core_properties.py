@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rlslice._errors import RlsliceError
 from rlslice.config import Policy
-from rlslice.scheduler.core import events
+from rlslice.scheduler.core import actions, events
 
 if TYPE_CHECKING:
     from conftest import Driver
@@ -35,6 +35,7 @@ op = st.one_of(
     st.tuples(st.just("yield"), job),
     st.tuples(st.just("yield"), job),
     st.tuples(st.just("keepalive"), job),
+    st.tuples(st.just("lost_grant"), job),
     st.tuples(st.just("tick"), st.floats(0, 12)),
     st.tuples(st.just("done"), st.booleans()),
     st.tuples(st.just("done"), st.booleans()),
@@ -66,6 +67,8 @@ def _check(d: Driver, believed: set[str]) -> None:
     holders = believed - s.preempted
     assert len(holders) <= 1, f"two holders: {holders}"
     assert holders == ({s.holder} if s.holder else set())
+    if s.acknowledged is not None:
+        assert s.acknowledged[0] == s.holder, "an acknowledgement outlived its hold"
     places = [set(s.resident), set(s.parked), set(s.faulted)]
     for i, left in enumerate(places):
         assert left <= set(s.jobs)
@@ -98,6 +101,11 @@ def _run(d: Driver, ops: list[tuple[object, ...]]) -> None:
                 believed.discard(str(item[1]))
             elif name == "keepalive":
                 d.apply(events.KeepAlive(str(item[1])))
+            elif name == "lost_grant":
+                # The caller of the current grant left unread: it never learnt it held.
+                done = d.apply(events.LostGrant(str(item[1]), d.state.epoch))
+                if any(isinstance(x, actions.Yielded) for x in done):
+                    believed.discard(str(item[1]))
             elif name == "tick":
                 d.advance(float(item[1]))  # type: ignore[arg-type]
                 assert all(r.expires_at > d.now for r in d.state.jobs.values())
