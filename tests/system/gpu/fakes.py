@@ -5,6 +5,7 @@ test asks it to."""
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import sys
@@ -133,6 +134,167 @@ class FakeDriver:
 
     def ops_for(self, pid: int) -> list[str]:
         return [op for op, p in self.calls if p == pid]
+
+
+class CUcheckpointCheckpointArgs:
+    def __init__(self) -> None:
+        self.customStorageInfo_out = 0
+
+
+class CUcheckpointRestoreArgs:
+    def __init__(self) -> None:
+        self.gpuPairs = 0
+        self.gpuPairsCount = 0
+        self.customStorageInfo_out = 0
+
+
+class _PerDevice(ctypes.Structure):
+    _fields_ = (("devPtr", ctypes.c_uint64), ("size", ctypes.c_size_t), ("stream", ctypes.c_void_p))
+
+
+class _Info(ctypes.Structure):
+    _fields_ = (
+        ("handle", ctypes.c_void_p),
+        ("perDeviceData", ctypes.POINTER(_PerDevice)),
+        ("deviceCount", ctypes.c_uint),
+    )
+
+
+CHECKPOINTING = CUprocessState.CU_PROCESS_STATE_CHECKPOINTING
+RESTORING = CUprocessState.CU_PROCESS_STATE_RESTORING
+
+
+class FakeCustomDriver(FakeDriver):
+    """A CUDA 13.4 driver with custom storage: a custom-storage checkpoint maps the process's
+    device memory (here: host buffers, one per GPU) into the caller, the caller copies it,
+    and cuCheckpointOperationComplete finishes (CHECKPOINTED, the device copy overwritten
+    with 0xEE so that only a real copy back restores it; restore: LOCKED). Every copy, event
+    and pinned allocation is recorded in `log`; `fail_copy` fails the Nth async copy."""
+
+    CUcheckpointCheckpointArgs = CUcheckpointCheckpointArgs
+    CUcheckpointRestoreArgs = CUcheckpointRestoreArgs
+
+    def __init__(self, memory: dict[int, list[bytes]], version: int = 13040) -> None:
+        super().__init__(dict.fromkeys(memory, R), version=version)
+        self.device = {
+            pid: [ctypes.create_string_buffer(data, len(data)) for data in datas]
+            for pid, datas in memory.items()
+        }
+        self.log: list[tuple[Any, ...]] = []
+        self.fail_copy: dict[int, CUresult] = {}
+        self.fail_sync_copy = False
+        self.open_ops: dict[int, tuple[str, int, _Info, Any]] = {}
+        self.pinned: dict[int, Any] = {}
+        self.pin_calls = 0
+        self._copies = 0
+        self._handles = 1000
+
+    def contents(self, pid: int) -> list[bytes]:
+        return [buffer.raw for buffer in self.device[pid]]
+
+    def _where(self, address: int) -> tuple[int, int, int]:
+        for pid, buffers in self.device.items():
+            for index, buffer in enumerate(buffers):
+                base = ctypes.addressof(buffer)
+                if base <= address < base + len(buffer):
+                    return pid, index, address - base
+        raise AssertionError(f"address {address:#x} is not mapped device memory")
+
+    def _map(self, op: str, pid: int, out: int) -> CUresult:
+        regions = (_PerDevice * len(self.device[pid]))()
+        for index, buffer in enumerate(self.device[pid]):
+            regions[index] = _PerDevice(ctypes.addressof(buffer), len(buffer), 7000 + index)
+        self._handles += 1
+        info = _Info(self._handles, regions, len(self.device[pid]))
+        self.open_ops[self._handles] = (op, pid, info, regions)
+        ctypes.c_void_p.from_address(out).value = ctypes.addressof(info)
+        self.calls.append((op, pid))
+        return CUresult.CUDA_SUCCESS
+
+    def cuCheckpointProcessCheckpoint(self, pid: int, args: object) -> tuple[CUresult]:
+        out = getattr(args, "customStorageInfo_out", 0)
+        if not out:
+            return super().cuCheckpointProcessCheckpoint(pid, args)
+        if (error := self.fail.get(("checkpoint", pid))) is not None:
+            return (error,)
+        if self.procs.get(pid) is not L:
+            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+        self.procs[pid] = CHECKPOINTING
+        return (self._map("checkpoint", pid, out),)
+
+    def cuCheckpointProcessRestore(self, pid: int, args: object) -> tuple[CUresult]:
+        out = getattr(args, "customStorageInfo_out", 0)
+        if not out:
+            return super().cuCheckpointProcessRestore(pid, args)
+        if (error := self.fail.get(("restore", pid))) is not None:
+            return (error,)
+        if self.procs.get(pid) is not C:
+            return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
+        self.procs[pid] = RESTORING
+        return (self._map("restore", pid, out),)
+
+    def cuCheckpointOperationComplete(self, handle: int) -> tuple[CUresult]:
+        op, pid, _, _ = self.open_ops.pop(int(handle))
+        self.calls.append(("complete", pid))
+        if op == "checkpoint":
+            for buffer in self.device[pid]:
+                ctypes.memset(buffer, 0xEE, len(buffer))  # released: the device copy is gone
+            self.procs[pid] = C
+        else:
+            self.procs[pid] = L
+        return (CUresult.CUDA_SUCCESS,)
+
+    def _copy(self, kind: str, dst: int, src: int, nbytes: int, *, counted: bool) -> CUresult:
+        pid, index, offset = self._where(src if kind.startswith("d2h") else dst)
+        self.log.append((kind, pid, index, offset, nbytes, dst if kind.startswith("d2h") else src))
+        if counted:
+            self._copies += 1
+            if (error := self.fail_copy.get(self._copies)) is not None:
+                return error
+        elif self.fail_sync_copy:
+            return CUresult.CUDA_ERROR_NOT_READY
+        ctypes.memmove(dst, src, nbytes)
+        return CUresult.CUDA_SUCCESS
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, n: int, stream: int) -> tuple[CUresult]:
+        return (self._copy("d2h", dst, src, n, counted=True),)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: int) -> tuple[CUresult]:
+        return (self._copy("h2d", dst, src, n, counted=True),)
+
+    def cuMemcpyDtoH(self, dst: int, src: int, n: int) -> tuple[CUresult]:
+        return (self._copy("d2h-sync", dst, src, n, counted=False),)
+
+    def cuMemHostAlloc(self, nbytes: int, flags: int) -> tuple[CUresult, int]:
+        buffer = ctypes.create_string_buffer(nbytes)
+        self.pinned[ctypes.addressof(buffer)] = buffer
+        self.pin_calls += 1
+        return (CUresult.CUDA_SUCCESS, ctypes.addressof(buffer))
+
+    def cuMemFreeHost(self, pointer: int) -> tuple[CUresult]:
+        del self.pinned[pointer]
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventCreate(self, flags: int) -> tuple[CUresult, int]:
+        self._handles += 1
+        return (CUresult.CUDA_SUCCESS, self._handles)
+
+    def cuEventRecord(self, event: int, stream: int) -> tuple[CUresult]:
+        self.log.append(("record", event))
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuEventSynchronize(self, event: int) -> tuple[CUresult]:
+        self.log.append(("wait", event))
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamSynchronize(self, stream: int) -> tuple[CUresult]:
+        return (CUresult.CUDA_SUCCESS,)
+
+    def cuStreamGetCtx(self, stream: int) -> tuple[CUresult, int]:
+        return (CUresult.CUDA_SUCCESS, 1)
+
+    def cuCtxSetCurrent(self, context: int) -> tuple[CUresult]:
+        return (CUresult.CUDA_SUCCESS,)
 
 
 class FakeNvml:

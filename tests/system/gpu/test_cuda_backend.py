@@ -292,25 +292,20 @@ async def test_probe_reports_a_usable_driver(tmp_path: Path) -> None:
 
 
 async def test_probe_says_which_copy_path_a_node_gets_and_why(tmp_path: Path) -> None:
-    """Driver 580 (CUDA 12.8/13.0): no custom storage. A CUDA 13.4 driver whose bindings
-    have cuCheckpointOperationComplete offers it (the agent's ring is not built yet)."""
+    """Driver 580 (CUDA 12.8/13.0): no custom storage, the driver's pageable staging. A CUDA
+    13.4 driver whose bindings have the custom-storage calls gets the agent's pinned ring
+    (tests/system/gpu/test_cuda_custom_storage.py moves bytes through it)."""
     backend, _ = make(tmp_path, fakes.FakeDriver())
     assert "lack cuCheckpointOperationComplete" in (await backend.probe()).detail
-
-    def module(version: int) -> SimpleNamespace:
-        full = fakes.FakeDriver(version=version)
-        names = [*cuda_module.SYMBOLS, "CUresult", "CUprocessState"]
-        calls = {name: getattr(full, name) for name in names if hasattr(full, name)}
-        return SimpleNamespace(**calls, cuCheckpointOperationComplete=lambda handle: (0,))
-
     for version, offered, words in (
         (13000, False, "supports CUDA 13.0; custom storage needs 13.4+"),
-        (13040, True, "custom storage is offered (CUDA 13.4)"),
+        (13040, True, "the agent's pinned ring through the driver's custom storage (CUDA 13.4)"),
     ):
-        found, detail = cuda_module.copy_path(module(version), version)
+        module = fakes.FakeCustomDriver({}, version=version)
+        found, detail = cuda_module.copy_path(module, version)
         assert found is offered
         assert words in detail
-        assert "pageable staging" in detail  # the path this build takes either way
+        assert ("pageable staging" in detail) is not offered
 
 
 async def test_probe_refuses_a_driver_older_than_cuda_12_8(tmp_path: Path) -> None:
