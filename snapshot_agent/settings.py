@@ -138,6 +138,8 @@ class AgentSettings(BaseModel):
     def options_for(self, backend: str) -> dict[str, str]:
         """Agent-level options for `backend`."""
         options = dict(self.backend_options.get(backend, {}))
+        if backend == "cuda":  # its pinned pool grows only while this reserve stays free
+            options.setdefault("host_reserve_bytes", str(self.host_reserve_bytes))
         if backend == "sim":
             options.update(self.sim.to_options())
         return options
