@@ -3,6 +3,11 @@
 The servicers translate requests into these calls and rlslice errors into status codes.
 Each move runs as its own task, shielded from the caller: a caller that gives up does not
 cut a copy in half, and the result is kept for a repeat with the same epoch.
+
+The engine holds the jobs and their locks and commits the job table; which backend serves a
+job is `registry`'s, whether a move goes ahead is `state.admit`'s (pure), and running the
+backend calls (with a switch's undo) is `moves`'s. Every change to the table is one unit of
+work (`JobTable.change`), written once as it ends, on the rollback path too.
 """
 
 from __future__ import annotations
@@ -12,110 +17,59 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from rlslice._errors import (
-    AbortedError,
-    FailedPreconditionError,
-    InternalError,
-    InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
-)
+from rlslice._errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from rlslice._ids import validate_id
-from rlslice.adapters.tracing import RESTORE, SNAPSHOT, span
-from rlslice.snapshot_agent import memguard, state
-from rlslice.snapshot_agent.backends import BackendEntry, installed_backends
+from rlslice.snapshot_agent import moves, state
+from rlslice.snapshot_agent.backends import BackendEntry
 from rlslice.snapshot_agent.backends.base import (
     Backend,
-    BackendContext,
     BackendError,
-    DeviceMemoryError,
     DeviceUsage,
     JobHandle,
     MoveOutcome,
-    OptionsError,
     ProbeResult,
-    SupportsSwap,
-    SwapError,
     WorkloadLink,
 )
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable, LocalServer
 from rlslice.snapshot_agent.metrics import AgentMetrics
+from rlslice.snapshot_agent.moves import Half, MoveReply, SwitchFailure, SwitchHalf, SwitchReply
 from rlslice.snapshot_agent.processes import ExitWatcher, ProcessRef, alive, families, family
+from rlslice.snapshot_agent.registry import BackendRegistry
 from rlslice.snapshot_agent.state import JobState, Move
+
+__all__ = [
+    "MAX_EPOCH",
+    "WORKLOAD_ATTACH_SECONDS",
+    "AgentEngine",
+    "JobView",
+    "MoveReply",
+    "StatusView",
+    "SwitchFailure",
+    "SwitchHalf",
+    "SwitchReply",
+    "host_available",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_EPOCH = 2**62
 #: Longest a move waits for an `app` job's workload stream to attach (see `_await_workloads`).
 WORKLOAD_ATTACH_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class MoveReply:
-    """The answer to a Snapshot or Restore on this node."""
-
-    job: str
-    state: JobState | None
-    bytes: int = 0
-    seconds: float = 0.0
-    repeated: bool = False
-    absent: bool = False
-    epoch: int = 0
-    backend: str = ""
-
-
-@dataclass(frozen=True)
-class SwitchHalf:
-    """One job of a Switch call."""
-
-    job: str
-    backend: str = ""
-    options: Mapping[str, str] = field(default_factory=dict)
-    discard_tags: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SwitchFailure:
-    """Which half of a Switch failed on this node (both were undone)."""
-
-    job: str
-    move: Move
-    reason: str
-    resource_exhausted: bool = False
-
-
-@dataclass(frozen=True)
-class SwitchReply:
-    """The answer to a Switch on this node."""
-
-    outgoing: tuple[MoveReply, ...]
-    incoming: MoveReply | None
-    seconds: float
-    overlapped: bool = False
-    failure: SwitchFailure | None = None
-
-
-@dataclass
-class _Half:
-    """One move of a Switch under way."""
-
-    move: Move
-    entry: JobEntry
-    before: state.JobRecord
-    released: bool
-    name: str
-    backend: Backend
-    handle: JobHandle
-    outcome: MoveOutcome | None = None
-    error: BaseException | None = None
-    undone: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,13 +118,17 @@ class AgentEngine:
         self.node = node
         self.default_backend = default_backend
         self._state_dir = state_dir
-        self._options = backend_options
         self._reserve = host_reserve_bytes
         self._host_memory = host_memory
         self.metrics = metrics
-        self._entries = dict(backends) if backends is not None else installed_backends()
-        self._backends: dict[str, Backend] = {}
-        self._probes: dict[str, ProbeResult] = {}
+        self.backends = BackendRegistry(
+            node=node,
+            state_dir=state_dir,
+            default=default_backend,
+            options=backend_options,
+            entries=backends,
+        )
+        """Which backend serves a job, and the backends, created on first use."""
         self.table = JobTable(state_dir)
         self._watcher = ExitWatcher(self._on_exit)
         self._tasks: set[asyncio.Task[object]] = set()
@@ -185,19 +143,18 @@ class AgentEngine:
         self._state_dir.mkdir(parents=True, exist_ok=True)
         await self.backend(self.default_backend)
         self.table.load()
-        for entry in list(self.table.entries.values()):
-            entry.processes = {ref for ref in entry.processes if alive(ref)}
-            for ref in entry.processes:
-                self._watcher.watch(ref)
-            await self._recover(entry)
-        self.table.save()
+        with self.table.change():  # the recovery, one unit (nothing else runs yet)
+            for entry in list(self.table.entries.values()):
+                entry.processes = {ref for ref in entry.processes if alive(ref)}
+                for ref in entry.processes:
+                    self._watcher.watch(ref)
+                await self._recover(entry)
         await self.refresh_metrics()
 
     async def _recover(self, entry: JobEntry) -> None:
         record = entry.record
-        name = record.backend or entry.backend or self.default_backend
         try:
-            backend = await self.backend(name)
+            backend = await self.backend(self.backends.serving(entry))
             seen = await backend.state(self._handle(entry, family(entry.processes)))
         except (FailedPreconditionError, InvalidArgumentError, BackendError) as error:
             log.warning(
@@ -222,55 +179,11 @@ class AgentEngine:
 
     async def backend(self, name: str) -> Backend:
         """The backend `name`, created on first use; refuses one that is not usable here."""
-        if name in self._backends:
-            return self._backends[name]
-        entry = self._entries.get(name)
-        if entry is None:
-            installed = ", ".join(self._entries) or "none"
-            raise InvalidArgumentError(
-                f"backend: {name!r} is not installed on node {self.node} (installed: {installed})"
-            )
-        if entry.cls is None:
-            raise FailedPreconditionError(
-                f"backend: {name!r} cannot load on node {self.node}: {entry.error}"
-            )
-        known = self._probes.get(name)
-        if known is None:
-            known = await self._create(name, entry.cls)
-        if not known.usable:
-            raise FailedPreconditionError(
-                f"backend: {name!r} is not usable on node {self.node}: {known.detail}"
-            )
-        return self._backends[name]
-
-    async def _create(self, name: str, cls: type[Backend]) -> ProbeResult:
-        context = BackendContext(
-            node=self.node,
-            state_dir=self._state_dir / "backends" / name,
-            options=dict(self._options(name)),
-        )
-        try:
-            context.state_dir.mkdir(parents=True, exist_ok=True)
-            instance = cls(context)
-            probe = await instance.probe()
-        except Exception as error:  # a backend that cannot even start is unusable here
-            probe = ProbeResult(False, f"failed to start: {type(error).__name__}: {error}")
-        else:
-            if probe.usable:
-                self._backends[name] = instance
-        self._probes[name] = probe
-        return probe
+        return await self.backends.get(name)
 
     async def probe(self) -> list[tuple[str, ProbeResult]]:
         """Every installed backend: usable here or why not."""
-        results: list[tuple[str, ProbeResult]] = []
-        for name, entry in self._entries.items():
-            if entry.cls is None:
-                results.append((name, ProbeResult(False, f"cannot load: {entry.error}")))
-                continue
-            probe = self._probes.get(name) or await self._create(name, entry.cls)
-            results.append((name, probe))
-        return results
+        return await self.backends.probe()
 
     # -- local registration ------------------------------------------------------------
 
@@ -288,29 +201,28 @@ class AgentEngine:
         """Add the verified process `ref` to `job`; return the backend the job will use."""
         validate_id(job, "job")
         validate_id(group, "group")
-        if backend and backend not in self._entries:
-            raise InvalidArgumentError(f"backend: {backend!r} is not installed on this node")
+        self.backends.require_installed(backend)
         owner = self.table.owner_of(ref)
         if owner is not None and owner.record.job != job:
             raise FailedPreconditionError(
                 f"pid {ref.pid} is registered to job {owner.record.job} already"
             )
         entry = self.table.entries.get(job)
-        if entry is None:
-            entry = JobEntry(state.JobRecord(job=job, group=group))
-            self.table.entries[job] = entry
-        elif entry.record.group != group:
+        if entry is not None and entry.record.group != group:
             raise FailedPreconditionError(
                 f"group: job {job} is registered in group {entry.record.group} on this node"
             )
-        entry.processes.add(ref)
-        entry.gone.clear()
-        entry.backend = backend or entry.backend
-        entry.modes = tuple(modes) or entry.modes
-        entry.tags = tuple(tags) or entry.tags
-        entry.local_server = local_server or entry.local_server
-        self._watcher.watch(ref)
-        self.table.save()
+        with self.table.change():
+            if entry is None:
+                entry = JobEntry(state.JobRecord(job=job, group=group))
+                self.table.entries[job] = entry
+            entry.processes.add(ref)
+            entry.gone.clear()
+            entry.backend = backend or entry.backend
+            entry.modes = tuple(modes) or entry.modes
+            entry.tags = tuple(tags) or entry.tags
+            entry.local_server = local_server or entry.local_server
+            self._watcher.watch(ref)
         self._refresh_jobs()
         return entry.backend or self.default_backend
 
@@ -323,26 +235,26 @@ class AgentEngine:
         before and missing now has lost its pods: its processes go, as on an exit.
         """
         changed = False
-        for job, (group, refs) in found.items():
-            entry = self.table.entries.get(job)
-            if entry is None:
-                entry = JobEntry(state.JobRecord(job=job, group=group))
-                self.table.entries[job] = entry
-                changed = True
-            elif entry.record.group != group:
-                log.warning(
-                    "job %s: found in group %s, known in %s", job, group, entry.record.group
-                )
-                continue
-            mine = {r for r in refs if self.table.owner_of(r) in (None, entry)}
-            changed |= self._set_processes(entry, mine)
-        for job in self._discovered - set(found):
-            entry = self.table.entries.get(job)
-            if entry is not None:
-                changed |= self._set_processes(entry, set())
+        with self.table.change():  # written only if something changed
+            for job, (group, refs) in found.items():
+                entry = self.table.entries.get(job)
+                if entry is None:
+                    entry = JobEntry(state.JobRecord(job=job, group=group))
+                    self.table.entries[job] = entry
+                    changed = True
+                elif entry.record.group != group:
+                    log.warning(
+                        "job %s: found in group %s, known in %s", job, group, entry.record.group
+                    )
+                    continue
+                mine = {r for r in refs if self.table.owner_of(r) in (None, entry)}
+                changed |= self._set_processes(entry, mine)
+            for job in self._discovered - set(found):
+                entry = self.table.entries.get(job)
+                if entry is not None:
+                    changed |= self._set_processes(entry, set())
         self._discovered = set(found)
         if changed:
-            self.table.save()
             self._refresh_jobs()
 
     def _set_processes(self, entry: JobEntry, refs: set[ProcessRef]) -> bool:
@@ -403,10 +315,10 @@ class AgentEngine:
         entry = self.table.owner_of(ref)
         if entry is None:
             return
-        entry.processes.discard(ref)
+        with self.table.change():
+            entry.processes.discard(ref)
         self._watcher.forget(ref)
         log.info("job %s: process %d exited", entry.record.job, ref.pid)
-        self.table.save()
         if not entry.processes:
             entry.gone.set()
             self._spawn(self._drop_if_gone(entry))
@@ -417,16 +329,17 @@ class AgentEngine:
                 return  # parked state stays until the scheduler releases it
             if self.table.entries.get(entry.record.job) is not entry:
                 return
-            name = entry.record.backend or entry.backend or self.default_backend
             try:
-                await self._drop(entry, await self.backend(name))
+                backend = await self.backend(self.backends.serving(entry))
+                with self.table.change():
+                    await self._drop(entry, backend)
             except (FailedPreconditionError, InvalidArgumentError, BackendError) as error:
                 log.warning("job %s: could not free its memory: %s", entry.record.job, error)
 
     async def _drop(self, entry: JobEntry, backend: Backend) -> int:
+        """Free the job's memory and forget it, within the caller's unit of the table."""
         freed = await backend.release(self._handle(entry, ()))
         self.table.entries.pop(entry.record.job, None)
-        self.table.save()
         self._refresh_jobs()
         log.info("job %s: dropped (%d parked bytes freed)", entry.record.job, freed)
         return freed
@@ -472,8 +385,7 @@ class AgentEngine:
         validate_id(group, "group")
         if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
             raise InvalidArgumentError(f"epoch: {epoch} is outside [0, {MAX_EPOCH}]")
-        if backend:
-            validate_id(backend, "backend")
+        BackendRegistry.check_asked(backend)
         deadline = time.time() + timeout
         task = self._spawn(
             self._move(
@@ -501,74 +413,57 @@ class AgentEngine:
         if entry is None:
             return MoveReply(job, None, absent=True, epoch=epoch)
         async with entry.lock:
-            record = entry.record
-            if record.group != group:
-                raise FailedPreconditionError(
-                    f"group: job {job} is in group {record.group} on node {self.node}, not {group}"
-                )
             (pids,) = await asyncio.to_thread(families, [entry.processes])
-            decision = state.decide(record, move, epoch, has_processes=bool(pids))
-            if isinstance(decision, state.Absent):
-                return MoveReply(job, record.state, absent=True, epoch=epoch)
-            if isinstance(decision, state.Repeat):
-                r = decision.result
-                return MoveReply(job, r.state, r.bytes, r.seconds, True, False, r.epoch, r.backend)
-            if isinstance(decision, state.Refuse):
-                raise FailedPreconditionError(decision.message)
-            name = self._backend_for(entry, move, asked)
+            decision = state.admit(
+                entry.record, move, epoch, group=group, node=self.node, has_processes=bool(pids)
+            )
+            answer = moves.early_answer(decision, job, entry.record, epoch)
+            if answer is not None:
+                return answer
+            name = self.backends.for_move(entry, move, asked)
             backend = await self.backend(name)
             await self._await_workloads(entry, backend, deadline)
             handle = self._handle(entry, pids, options, discard_tags)
             if move is Move.SNAPSHOT:
                 await self._guard(handle, backend)
-            entry.record = state.begin(record, move, epoch, name)
-            released, entry.released = entry.released, False  # the scheduler uses the job again
-            self.table.save()
-            self._refresh_jobs()
-            started = time.perf_counter()
-            kind = SNAPSHOT if move is Move.SNAPSHOT else RESTORE
-            try:
-                async with span(
-                    kind, group=group, job=job, epoch=epoch, node=self.node, backend=name
-                ) as traced:
-                    if move is Move.SNAPSHOT:
-                        outcome = await backend.snapshot(handle, deadline=deadline)
-                    else:
-                        outcome = await backend.restore(handle, deadline=deadline)
-                    traced.set(seconds=outcome.seconds, bytes=outcome.bytes)
-            except Exception as error:
-                seconds = time.perf_counter() - started
-                reason = str(error) or type(error).__name__
-                if isinstance(error, OptionsError):
-                    # Refused before anything was done: the job is exactly as it was.
-                    entry.record, entry.released = record, released
-                    self.table.save()
-                    self._refresh_jobs()
-                    raise InvalidArgumentError(f"options: {reason}") from error
-                entry.record = state.fail(entry.record, move, epoch, reason, seconds)
-                self.table.save()
-                self._refresh_jobs()
-                if isinstance(error, DeviceMemoryError):
-                    log.warning("job %s: %s refused: %s", job, move.value, error)
-                    raise ResourceExhaustedError(reason) from error
-                if not isinstance(error, BackendError):
-                    log.exception("job %s: %s failed unexpectedly", job, move.value)
-                    raise InternalError(f"{move.value} of job {job} failed: {reason}") from error
-                log.warning("job %s: %s failed: %s", job, move.value, error)
-                where = (
-                    "rolled back, the job keeps running"
-                    if move is Move.SNAPSHOT
-                    else "the job stays parked"
-                )
-                raise AbortedError(
-                    f"{move.value} of job {job} failed ({where}): {reason}"
-                ) from error
-            entry.record = state.succeed(entry.record, move, epoch, outcome.bytes, outcome.seconds)
-            self.table.save()
+            outcome = await self._execute(entry, move, epoch, name, backend, handle, deadline)
         await self._observe(move, name, outcome.bytes, outcome.seconds)
         result = entry.record.last
         assert result is not None
         return MoveReply(job, result.state, result.bytes, result.seconds, False, False, epoch, name)
+
+    async def _execute(
+        self,
+        entry: JobEntry,
+        move: Move,
+        epoch: int,
+        name: str,
+        backend: Backend,
+        handle: JobHandle,
+        deadline: float,
+    ) -> MoveOutcome:
+        """Run one admitted move: two units of the table, the move begun (on disk before
+        the backend acts, so that a restart knows it was under way) and its end."""
+        before = (entry.record, entry.released)
+        with self.table.change():
+            entry.record = state.begin(entry.record, move, epoch, name)
+            entry.released = False  # the scheduler uses the job again
+        self._refresh_jobs()
+        started = time.perf_counter()
+        with self.table.change():  # written once, however the move ends
+            try:
+                async with moves.move_span(move, handle, epoch, self.node, name) as traced:
+                    outcome = await moves.run(backend, move, handle, deadline)
+                    traced.set(seconds=outcome.seconds, bytes=outcome.bytes)
+            except Exception as error:
+                seconds = time.perf_counter() - started
+                entry.record, entry.released = moves.after_failure(
+                    error, before, entry.record, move, epoch, seconds
+                )
+                self._refresh_jobs()
+                raise moves.move_error(error, move, handle.job) from error
+            entry.record = state.succeed(entry.record, move, epoch, outcome.bytes, outcome.seconds)
+        return outcome
 
     # -- switches (one node's half of a group switch) -----------------------------------
 
@@ -596,8 +491,7 @@ class AgentEngine:
         halves = [*outgoing, *([incoming] if incoming is not None else [])]
         for half in halves:
             validate_id(half.job, "job")
-            if half.backend:
-                validate_id(half.backend, "backend")
+            BackendRegistry.check_asked(half.backend)
         if len({half.job for half in halves}) != len(halves):
             raise InvalidArgumentError("switch: a job appears twice")
         deadline = time.time() + timeout
@@ -624,61 +518,14 @@ class AgentEngine:
         if incoming is not None:
             asked.append((incoming, Move.RESTORE))
         entries = {h.job: self.table.entries.get(h.job) for h, _ in asked}
-        answers: dict[str, MoveReply] = {}
-        running: list[_Half] = []
-        async with contextlib.AsyncExitStack() as locks:
-            for name in sorted(j for j, e in entries.items() if e is not None):
-                entry = entries[name]
-                assert entry is not None
-                await locks.enter_async_context(entry.lock)
-            known = [(job, e) for job, e in entries.items() if e is not None]
-            scanned = await asyncio.to_thread(families, [e.processes for _, e in known])
-            pids_of = {job: pids for (job, _), pids in zip(known, scanned, strict=True)}
-            for wanted, move in asked:
-                entry = entries[wanted.job]
-                if entry is None:
-                    answers[wanted.job] = MoveReply(wanted.job, None, absent=True, epoch=epoch)
-                    continue
-                pids = pids_of[wanted.job]
-                found = await self._plan_half(entry, wanted, move, group, epoch, deadline, pids)
-                if isinstance(found, MoveReply):
-                    answers[wanted.job] = found
-                else:
-                    running.append(found)
+        overlapped, failure = False, None
+        async with self._locked(e for e in entries.values() if e is not None):
+            answers, running = await self._plan(asked, entries, group, epoch, deadline)
             if running:
-                for half in running:  # every refusal before anything moves
-                    if half.move is Move.SNAPSHOT:
-                        await self._guard(half.handle, half.backend)
-                for half in running:
-                    half.entry.record = state.begin(half.before, half.move, epoch, half.name)
-                    half.entry.released = False
-                self.table.save()
-                self._refresh_jobs()
-                with contextlib.ExitStack() as spans:
-                    # One span per move, as the serial path traces them; they overlap here.
-                    traced = [
-                        span(
-                            SNAPSHOT if half.move is Move.SNAPSHOT else RESTORE,
-                            group=group,
-                            job=half.before.job,
-                            epoch=epoch,
-                            node=self.node,
-                            backend=half.name,
-                        )
-                        for half in running
-                    ]
-                    for one in traced:
-                        spans.enter_context(one)
-                    overlapped = await self._run_halves(running, headroom, deadline)
-                    for half, one in zip(running, traced, strict=True):
-                        if half.outcome is not None:
-                            one.set(seconds=half.outcome.seconds, bytes=half.outcome.bytes)
-                failure = self._settle_halves(running, epoch, time.perf_counter() - started)
-                self.table.save()
-                for half in running:
-                    answers[half.entry.record.job] = self._reply_for(half, epoch)
-            else:
-                overlapped, failure = False, None
+                overlapped, failure = await self._run_switch(
+                    running, epoch, headroom, deadline, started
+                )
+                answers.update((h.entry.record.job, moves.reply_for(h, epoch)) for h in running)
         for half in running:
             if failure is None and half.outcome is not None:
                 self._count(half.move, half.name, half.outcome.bytes, half.outcome.seconds)
@@ -693,6 +540,42 @@ class AgentEngine:
             failure=failure,
         )
 
+    @contextlib.asynccontextmanager
+    async def _locked(self, entries: Iterable[JobEntry]) -> AsyncIterator[None]:
+        """Hold the locks of `entries`, taken in the order of their job ids (no deadlock
+        between two switches)."""
+        async with contextlib.AsyncExitStack() as locks:
+            for entry in sorted(entries, key=lambda e: e.record.job):
+                await locks.enter_async_context(entry.lock)
+            yield
+
+    async def _plan(
+        self,
+        asked: list[tuple[SwitchHalf, Move]],
+        entries: Mapping[str, JobEntry | None],
+        group: str,
+        epoch: int,
+        deadline: float,
+    ) -> tuple[dict[str, MoveReply], list[Half]]:
+        """The answers of the halves that do not move, and the halves that do."""
+        known = [(job, e) for job, e in entries.items() if e is not None]
+        scanned = await asyncio.to_thread(families, [e.processes for _, e in known])
+        pids_of = {job: pids for (job, _), pids in zip(known, scanned, strict=True)}
+        answers: dict[str, MoveReply] = {}
+        running: list[Half] = []
+        for wanted, move in asked:
+            entry = entries[wanted.job]
+            if entry is None:
+                answers[wanted.job] = MoveReply(wanted.job, None, absent=True, epoch=epoch)
+                continue
+            pids = pids_of[wanted.job]
+            found = await self._plan_half(entry, wanted, move, group, epoch, deadline, pids)
+            if isinstance(found, MoveReply):
+                answers[wanted.job] = found
+            else:
+                running.append(found)
+        return answers, running
+
     async def _plan_half(
         self,
         entry: JobEntry,
@@ -702,168 +585,44 @@ class AgentEngine:
         epoch: int,
         deadline: float,
         pids: tuple[int, ...],
-    ) -> MoveReply | _Half:
+    ) -> MoveReply | Half:
         record = entry.record
-        job = record.job
-        if record.group != group:
-            raise FailedPreconditionError(
-                f"group: job {job} is in group {record.group} on node {self.node}, not {group}"
-            )
-        decision = state.decide(record, move, epoch, has_processes=bool(pids))
-        if isinstance(decision, state.Absent):
-            return MoveReply(job, record.state, absent=True, epoch=epoch)
-        if isinstance(decision, state.Repeat):
-            r = decision.result
-            return MoveReply(job, r.state, r.bytes, r.seconds, True, False, r.epoch, r.backend)
-        if isinstance(decision, state.Refuse):
-            raise FailedPreconditionError(decision.message)
-        name = self._backend_for(entry, move, half.backend)
+        decision = state.admit(
+            record, move, epoch, group=group, node=self.node, has_processes=bool(pids)
+        )
+        answer = moves.early_answer(decision, record.job, record, epoch)
+        if answer is not None:
+            return answer
+        name = self.backends.for_move(entry, move, half.backend)
         backend = await self.backend(name)
         await self._await_workloads(entry, backend, deadline)
         tags = half.discard_tags if move is Move.SNAPSHOT else ()
         handle = self._handle(entry, pids, dict(half.options), tags)
-        return _Half(move, entry, record, entry.released, name, backend, handle)
+        return Half(move, entry, record, entry.released, name, backend, handle)
 
-    async def _run_halves(self, halves: list[_Half], headroom: int, deadline: float) -> bool:
-        """Run the moves; fill each half's outcome or error and undo the others on a
-        failure. True when the restore overlapped the snapshots."""
-        outs = [h for h in halves if h.move is Move.SNAPSHOT]
-        into = next((h for h in halves if h.move is Move.RESTORE), None)
-        backend = halves[0].backend
-        if len({h.name for h in halves}) == 1 and isinstance(backend, SupportsSwap):
-            try:
-                done = await backend.swap(
-                    [h.handle for h in outs],
-                    into.handle if into is not None else None,
-                    headroom_bytes=headroom,
-                    deadline=deadline,
-                )
-            except SwapError as error:
-                for half in halves:
-                    if half.handle.job == error.job:
-                        half.error = error.cause
-                    else:
-                        half.undone = True
-                return False
-            except Exception as error:  # a bug: the backend undid what it could
-                log.exception("switch: the %s backend failed unexpectedly", backend.name)
-                for half in halves:
-                    half.error = error
-                return False
-            for half, outcome in zip(outs, done.outgoing, strict=True):
-                half.outcome = outcome
-            if into is not None:
-                into.outcome = done.incoming
-            return done.overlapped
-        side_by_side = into is None or not outs or await self._fits(into, headroom)
-
-        async def run(half: _Half) -> None:
-            try:
-                if half.move is Move.SNAPSHOT:
-                    half.outcome = await half.backend.snapshot(half.handle, deadline=deadline)
-                else:
-                    half.outcome = await half.backend.restore(half.handle, deadline=deadline)
-            except Exception as error:
-                half.error = error
-
-        if side_by_side:
-            await asyncio.gather(*(run(h) for h in halves))
-        else:
-            await asyncio.gather(*(run(h) for h in outs))
-            if into is not None and not any(h.error for h in outs):
-                await run(into)
-        if any(h.error for h in halves):
-            for half in halves:  # undo the halves that went through
-                if half.outcome is None:
-                    continue
-                try:
-                    if half.move is Move.SNAPSHOT:
-                        await half.backend.restore(half.handle, deadline=deadline + 60)
-                    else:
-                        await half.backend.snapshot(half.handle, deadline=deadline + 60)
-                    half.undone, half.outcome = True, None
-                except Exception as error:
-                    log.error(
-                        "job %s: undoing its %s failed: %s", half.handle.job, half.move.value, error
-                    )
-        return side_by_side and into is not None and bool(outs)
-
-    async def _fits(self, into: _Half, headroom: int) -> bool:
-        """Whether the incoming job's parked bytes fit in free device memory now."""
-        devices = await into.backend.devices()
-        frees = [d.total_bytes - d.used_bytes for d in devices]
-        free = len(frees) * min(frees) if frees else 0
-        return into.before.parked_bytes + headroom <= free
-
-    def _settle_halves(
-        self, halves: list[_Half], epoch: int, seconds: float
-    ) -> SwitchFailure | None:
-        """Each half's record after the moves; the failure, if any."""
-        failed = next((h for h in halves if h.error is not None), None)
-        for half in halves:
-            entry = half.entry
-            if failed is None and half.outcome is not None:
-                entry.record = state.succeed(
-                    entry.record, half.move, epoch, half.outcome.bytes, half.outcome.seconds
-                )
-            elif half.error is not None:
-                reason = str(half.error) or type(half.error).__name__
-                if isinstance(half.error, OptionsError):
-                    entry.record, entry.released = half.before, half.released
-                else:
-                    entry.record = state.fail(entry.record, half.move, epoch, reason, seconds)
-            elif half.outcome is None:  # undone, or never run: as it was
-                entry.record, entry.released = half.before, half.released
-            else:  # went through and could not be undone: it moved
-                entry.record = state.succeed(
-                    entry.record, half.move, epoch, half.outcome.bytes, half.outcome.seconds
-                )
-        if failed is None:
-            return None
-        error = failed.error
-        reason = str(error) or type(error).__name__
-        if not isinstance(error, BackendError):
-            log.error(
-                "job %s: %s failed unexpectedly: %s", failed.handle.job, failed.move.value, reason
-            )
-        short = isinstance(error, DeviceMemoryError | ResourceExhaustedError)
-        return SwitchFailure(failed.handle.job, failed.move, reason.splitlines()[0], short)
-
-    def _reply_for(self, half: _Half, epoch: int) -> MoveReply:
-        record = half.entry.record
-        last = record.last
-        if last is not None and last.epoch == epoch and last.move is half.move:
-            return MoveReply(
-                record.job, last.state, last.bytes, last.seconds, False, False, epoch, half.name
-            )
-        return MoveReply(record.job, record.state, epoch=epoch, backend=half.name)
-
-    def _backend_for(self, entry: JobEntry, move: Move, asked: str) -> str:
-        record = entry.record
-        if move is Move.RESTORE and record.backend:
-            # State parked by one backend comes back through the same one.
-            if asked and asked != record.backend:
-                raise FailedPreconditionError(
-                    f"backend: job {record.job} was parked by {record.backend!r}, not {asked!r}"
-                )
-            return record.backend
-        return asked or entry.backend or self.default_backend
+    async def _run_switch(
+        self, running: list[Half], epoch: int, headroom: int, deadline: float, started: float
+    ) -> tuple[bool, SwitchFailure | None]:
+        """Run the admitted halves: two units of the table, as for one move (`_execute`).
+        (overlapped, the failure if any)."""
+        for half in running:  # every refusal before anything moves
+            if half.move is Move.SNAPSHOT:
+                await self._guard(half.handle, half.backend)
+        with self.table.change():
+            for half in running:
+                half.entry.record = state.begin(half.before, half.move, epoch, half.name)
+                half.entry.released = False
+        self._refresh_jobs()
+        with self.table.change():
+            with moves.traced(running, epoch, self.node):
+                overlapped = await moves.run_halves(running, headroom, deadline)
+            failure = moves.settle_halves(running, epoch, time.perf_counter() - started)
+        return overlapped, failure
 
     async def _guard(self, handle: JobHandle, backend: Backend) -> None:
-        nbytes = await backend.device_bytes(handle)
-        held = getattr(backend, "held_host_bytes", None)
-        if held is not None:  # staging the job keeps already: not asked for twice
-            nbytes = max(0, nbytes - int(await held(handle)))
-        cgroups = await asyncio.to_thread(memguard.cgroup_headrooms, handle.pids)
-        reason = memguard.refusal(
-            handle.job,
-            nbytes,
-            host_available=self._host_memory(),
-            reserve=self._reserve,
-            cgroups=cgroups,
+        await moves.guard(
+            handle, backend, host_available=self._host_memory(), reserve=self._reserve
         )
-        if reason is not None:
-            raise ResourceExhaustedError(f"{reason}; job {handle.job} keeps running")
 
     async def _observe(self, move: Move, backend: str, nbytes: int, seconds: float) -> None:
         self._count(move, backend, nbytes, seconds)
@@ -895,31 +654,34 @@ class AgentEngine:
             if pids and not force:
                 # Kept while the job lives; dropped by `_drop_if_gone` once it is gone (the
                 # scheduler does not ask twice).
-                entry.released = True
-                self.table.save()
+                with self.table.change():
+                    entry.released = True
                 return 0, False
-            name = entry.record.backend or entry.backend or self.default_backend
-            backend = await self.backend(name)
+            backend = await self.backend(self.backends.serving(entry))
             freed = await backend.release(self._handle(entry, pids))
-            if pids:
-                # Released before its processes exit (the job unregistered, then ends): the
-                # parked copy is gone and the processes run; keep watching them, so that
-                # `_drop_if_gone` frees their device memory when they are gone.
-                entry.record = dataclasses.replace(
-                    entry.record,
-                    state=JobState.RUNNING,
-                    parked_bytes=0,
-                    reason="",
-                    faulted_in=None,
-                )
-                entry.released = True
-            else:
-                for ref in entry.processes:
-                    self._watcher.forget(ref)
-                self.table.entries.pop(job, None)
-            self.table.save()
+            with self.table.change():
+                self._released(entry, pids)
         await self.refresh_metrics()
         return freed, True
+
+    def _released(self, entry: JobEntry, pids: tuple[int, ...]) -> None:
+        """The table after a job's parked copy was dropped."""
+        if pids:
+            # Released before its processes exit (the job unregistered, then ends): the
+            # parked copy is gone and the processes run; keep watching them, so that
+            # `_drop_if_gone` frees their device memory when they are gone.
+            entry.record = dataclasses.replace(
+                entry.record,
+                state=JobState.RUNNING,
+                parked_bytes=0,
+                reason="",
+                faulted_in=None,
+            )
+            entry.released = True
+        else:
+            for ref in entry.processes:
+                self._watcher.forget(ref)
+            self.table.entries.pop(entry.record.job, None)
 
     async def status(self) -> StatusView:
         """Jobs, devices and host memory on this node."""
@@ -928,10 +690,11 @@ class AgentEngine:
         for entry in list(self.table.entries.values()):
             record = entry.record
             pids = family(entry.processes)
-            name = record.backend or entry.backend or self.default_backend
+            name = self.backends.serving(entry)
             device = 0
-            if record.state_on_device and name in self._backends:
-                device = await self._backends[name].device_bytes(self._handle(entry, pids))
+            loaded = self.backends.loaded(name)
+            if record.state_on_device and loaded is not None:
+                device = await loaded.device_bytes(self._handle(entry, pids))
             host = record.parked_bytes if record.state_in_host else 0
             views.append(JobView(record, pids, device, host, name))
         devices = tuple(await default.devices())
@@ -955,5 +718,5 @@ class AgentEngine:
             devices = []
         self.metrics.observe_memory(devices, self._host_memory())
         self.metrics.pinned_bytes.set(
-            sum(b.pinned_total() for b in self._backends.values() if hasattr(b, "pinned_total"))
+            sum(b.pinned_total() for b in self.backends.instances() if hasattr(b, "pinned_total"))
         )

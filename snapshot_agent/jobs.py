@@ -2,16 +2,18 @@
 
 Each entry holds the job's pure record (`state.JobRecord`), the processes the agent
 verified for it, what the job said when it registered, and its open workload streams. The
-file is rewritten atomically after every change; the workload streams are not kept (a
-restarted agent waits for the workloads to reconnect).
+file is rewritten atomically at the end of every unit of work (`JobTable.change`); the
+workload streams are not kept (a restarted agent waits for the workloads to reconnect).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,7 @@ class JobTable:
     def __init__(self, state_dir: Path) -> None:
         self._path = state_dir / STATE_FILE
         self.entries: dict[str, JobEntry] = {}
+        self._written: str | None = None  # the payload last written, None before the first
 
     def load(self) -> None:
         """Read the file; a damaged entry is logged and skipped, never fatal."""
@@ -115,13 +118,32 @@ class JobTable:
                 continue
             self.entries[entry.record.job] = entry
 
-    def save(self) -> None:
-        """Rewrite the file atomically."""
+    @contextlib.contextmanager
+    def change(self) -> Iterator[None]:
+        """One unit of work on the table, and the only way to write its file.
+
+        Whatever the block changes is written once, atomically, as the block ends, whether
+        it ends normally or by an exception (a rollback is written like a success), so a
+        crash leaves the file as it was before the unit or after it, never in between.
+        Units do not nest: an operation that must be on disk before it goes on (a move's
+        SAVING or RESTORING record, so that a restart knows it was under way) is a unit
+        of its own."""
+        try:
+            yield
+        finally:
+            self._write()
+
+    def _write(self) -> None:
+        payload = json.dumps(
+            {"jobs": [entry.to_json() for entry in self.entries.values()]}, indent=1
+        )
+        if payload == self._written:
+            return  # nothing changed since the last write
         self._path.parent.mkdir(parents=True, exist_ok=True)
         temp = self._path.with_name(f".{STATE_FILE}.{os.getpid()}")
-        payload = {"jobs": [entry.to_json() for entry in self.entries.values()]}
-        temp.write_text(json.dumps(payload, indent=1))
+        temp.write_text(payload)
         temp.replace(self._path)
+        self._written = payload
 
     def owner_of(self, ref: ProcessRef) -> JobEntry | None:
         """The job `ref` is registered to, if any."""

@@ -9,7 +9,11 @@ on the device (the job runs again) and may be snapshotted again; FAULTED(restore
 state in host memory and may be restored again. A successful retry clears the fault; so does
 dropping the job (Release).
 
-Every move carries the group's epoch. `decide()` answers, before anything is done:
+Every move carries the group's epoch and names the job's group. `admit()` answers, before
+anything is done, for a single move and for each half of a switch alike:
+
+- a job of another group -> `Refuse(WRONG_GROUP)`;
+- otherwise what `decide()` answers:
 
 - the same move with the same epoch as the job's last move, and nothing changed since ->
   `Repeat` (the earlier result, marked repeated; nothing acts twice);
@@ -101,6 +105,8 @@ class Refusal(enum.Enum):
     """The job's state does not allow this move (restore of a running job, say)."""
     BUSY = "busy"
     """Another move of this job is under way."""
+    WRONG_GROUP = "wrong-group"
+    """The job is registered in another group on this node."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,25 @@ def decide(record: JobRecord | None, move: Move, epoch: int, *, has_processes: b
             f"job {record.job} has no live process on this node: release its parked state",
         )
     return Proceed()
+
+
+def admit(
+    record: JobRecord | None,
+    move: Move,
+    epoch: int,
+    *,
+    group: str,
+    node: str,
+    has_processes: bool,
+) -> Decision:
+    """What to do with a move of a job asked for by `group` on `node`: refused when the job
+    is in another group, else what `decide` says."""
+    if record is not None and record.group != group:
+        return Refuse(
+            Refusal.WRONG_GROUP,
+            f"group: job {record.job} is in group {record.group} on node {node}, not {group}",
+        )
+    return decide(record, move, epoch, has_processes=has_processes)
 
 
 def begin(record: JobRecord, move: Move, epoch: int, backend: str) -> JobRecord:
