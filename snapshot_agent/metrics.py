@@ -65,8 +65,9 @@ class AgentMetrics:
         )
         self.pinned_bytes = Gauge(
             "rlslice_agent_pinned_bytes",
-            "Host buffer bytes the node's app workloads hold (parked copies and the pinned "
-            "staging they keep for the next swap, within their limit).",
+            "Pinned host bytes of staging on this node: the cuda backend's pinned pool "
+            "(bounded by its pinned_pool_bytes option, counted by the host-memory guard) and "
+            "what the app workloads hold (parked copies and the staging they keep).",
             registry=self.registry,
         )
         self.info = Gauge(

@@ -153,17 +153,16 @@ class PinnedPool:
             self._free_fn = copier.free_host
             while True:
                 taken = [self._idle.pop() for _ in range(min(wanted, len(self._idle)))]
+                self._leased += len(taken)  # counted at once: the growth check sees them
                 while len(taken) < wanted and self._growth_refused() is None:
-                    self._leased += 1  # counted before the call: a parallel lease sees it
+                    self._leased += 1
                     try:
                         taken.append(copier.alloc_host(self.chunk))
                     except BaseException:
-                        self._leased -= 1
+                        self._leased -= 1 + len(taken)
                         self._idle.extend(taken)
                         raise
-                    self._leased -= 1
                     self.allocations += 1
-                self._leased += len(taken)
                 if taken:
                     return taken
                 left = end - time.monotonic()
