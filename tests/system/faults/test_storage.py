@@ -14,9 +14,8 @@ Cases:
 - a process SIGKILLed while it commits states in a loop, at several points: the file
   passes `PRAGMA integrity_check` and loads, with every state the writer saw committed.
 
-fsync errors are not injected: this machine has no device-mapper (no dm-error/dm-flakey),
-and the store commits in WAL mode with synchronous=NORMAL, so a commit calls no fsync; a
-failed checkpoint fsync would surface as the write errors above.
+fsync errors (EIO from fsync and fdatasync under a real scheduler process) are in
+`test_fsync.py`.
 """
 
 from __future__ import annotations
