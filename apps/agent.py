@@ -91,11 +91,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def settings_from(args: argparse.Namespace) -> Any:
     """The AgentSettings the flags describe."""
-    from rlslice.config import TLSConfig
-    from rlslice.snapshot_agent.settings import AgentSettings, SimSettings
+    from rlslice.snapshot_agent.settings import AgentSettings
+
+    fields = _plain_fields(args)
+    fields["sim"] = _sim_settings(args)
+    token = (
+        read_token_file(Path(args.token_file), "--token-file") if args.token_file else _env("token")
+    )
+    if token:
+        fields["token"] = token
+    fields.update(_tls_fields(args))
+    fields["labels"] = _labels(args)
+    return AgentSettings(**fields)
+
+
+def _plain_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings one flag each sets: names, addresses, sizes, numbers."""
+    from rlslice._nodes import node_label
 
     fields: dict[str, Any] = {}
-    sim: dict[str, Any] = {}
     simple = {
         "node": "node",
         "address": "address",
@@ -109,8 +123,6 @@ def settings_from(args: argparse.Namespace) -> Any:
         value = getattr(args, flag)
         if value:
             fields[field] = value
-    from rlslice._nodes import node_label
-
     if _kubernetes(args):
         from rlslice.snapshot_agent.kubernetes_mode import node_name_from_env
 
@@ -124,6 +136,14 @@ def settings_from(args: argparse.Namespace) -> Any:
         fields["host_reserve_bytes"] = parse_size(args.host_reserve)
     if args.metrics_port:
         fields["metrics_port"] = int(args.metrics_port)
+    return fields
+
+
+def _sim_settings(args: argparse.Namespace) -> Any:
+    """The `sim` backend's settings (`--sim-*`)."""
+    from rlslice.snapshot_agent.settings import SimSettings
+
+    sim: dict[str, Any] = {}
     if args.sim_devices:
         sim["devices"] = int(args.sim_devices)
     if args.sim_capacity:
@@ -134,12 +154,14 @@ def settings_from(args: argparse.Namespace) -> Any:
         sim["overhead_seconds"] = float(args.sim_overhead_seconds)
     if args.sim_root:
         sim["root"] = Path(args.sim_root)
-    fields["sim"] = SimSettings(**sim)
-    token = (
-        read_token_file(Path(args.token_file), "--token-file") if args.token_file else _env("token")
-    )
-    if token:
-        fields["token"] = token
+    return SimSettings(**sim)
+
+
+def _tls_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """TLS of the agent's own endpoint and of its channel to the scheduler."""
+    from rlslice.config import TLSConfig
+
+    fields: dict[str, Any] = {}
     if args.tls_cert or args.tls_key:
         fields["tls"] = TLSConfig(
             cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca or None
@@ -150,14 +172,18 @@ def settings_from(args: argparse.Namespace) -> Any:
         fields["scheduler_tls"] = TLSConfig(
             ca=args.scheduler_ca or None, cert=args.scheduler_cert, key=args.scheduler_key
         )
+    return fields
+
+
+def _labels(args: argparse.Namespace) -> dict[str, str]:
+    """`--label key=value`, repeated."""
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"rlslice agent: --label {item!r} is not key=value")
         labels[key] = value
-    fields["labels"] = labels
-    return AgentSettings(**fields)
+    return labels
 
 
 def _kubernetes(args: argparse.Namespace) -> bool:
