@@ -7,6 +7,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -36,6 +37,8 @@ class EventEntry:
 # Field order of the packed forms below: the slots order, which is each class's init order.
 _JOB = attrgetter(*JobRecord.__slots__)
 _WAITER = attrgetter(*Waiter.__slots__)
+_JOB_WIDTH = len(JobRecord.__slots__)
+_WAITER_WIDTH = len(Waiter.__slots__)
 _SWITCH = attrgetter(*Switch.__slots__)
 
 #: One packed ring entry: the event's own fields, the spec's version in the ring, then the
@@ -73,10 +76,10 @@ class EventRing:
         self._spec: GroupSpec | None = None
         self._version = 0
         self._jobs: Mapping[str, JobRecord] | None = None
-        self._jobs_packed: tuple[tuple[Any, ...], ...] = ()
+        self._jobs_packed: tuple[Any, ...] = ()
         self._records: dict[str, tuple[JobRecord, tuple[Any, ...]]] = {}
         self._queue: tuple[Waiter, ...] = ()
-        self._queue_packed: tuple[tuple[Any, ...], ...] = ()
+        self._queue_packed: tuple[Any, ...] = ()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -112,7 +115,7 @@ class EventRing:
             self._jobs_packed = self._pack_jobs(state.jobs)
         if state.queue is not self._queue:
             self._queue = state.queue
-            self._queue_packed = tuple(map(_WAITER, state.queue))
+            self._queue_packed = tuple(chain.from_iterable(map(_WAITER, state.queue)))
         switch = state.switch
         preempted = state.preempted
         entries = self._entries
@@ -149,7 +152,7 @@ class EventRing:
             for version in [v for v in self._specs if v < oldest]:
                 del self._specs[version]
 
-    def _pack_jobs(self, jobs: Mapping[str, JobRecord]) -> tuple[tuple[Any, ...], ...]:
+    def _pack_jobs(self, jobs: Mapping[str, JobRecord]) -> tuple[Any, ...]:
         """Pack the records, reusing the packed form of each record that did not change
         (a keep-alive or a hold's end replaces one record of the group)."""
         old = self._records
@@ -158,17 +161,23 @@ class EventRing:
             hit = old.get(name)
             new[name] = hit if hit is not None and hit[0] is record else (record, _JOB(record))
         self._records = new
-        return tuple(packed for _, packed in new.values())
+        # Flat (record after record): an entry is then at most two tuples deep, so two
+        # collections untrack it whatever order the collector meets its parts in.
+        return tuple(chain.from_iterable(packed for _, packed in new.values()))
+
+
+def _chunks(flat: tuple[Any, ...], width: int) -> Iterator[tuple[Any, ...]]:
+    return (flat[i : i + width] for i in range(0, len(flat), width))
 
 
 def _unpack(p: Packed, specs: Mapping[int, GroupSpec]) -> EventEntry:
     switch = p[17]
     state = GroupState(
         spec=specs[p[8]],
-        jobs={j[0]: JobRecord(*j) for j in p[9]},
+        jobs={j[0]: JobRecord(*j) for j in _chunks(p[9], _JOB_WIDTH)},
         holder=p[10],
         holder_since=p[11],
-        queue=tuple(Waiter(*w) for w in p[12]),
+        queue=tuple(Waiter(*w) for w in _chunks(p[12], _WAITER_WIDTH)),
         resident=p[13],
         parked=p[14],
         faulted=dict(p[15]),
