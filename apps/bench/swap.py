@@ -12,6 +12,11 @@ steps, swaps them (snapshot the holder, restore the other) `--swaps` times, and 
 - whether each job's losses are bit-identical to the same job run alone;
 - with `--compare-cli` (cuda backend), the same job moved by exec'ing `cuda-checkpoint`,
   and the target `cuda ≥ 5 × faster than the CLI`;
+- with the cuda backend, its two copy paths side by side when the driver offers custom
+  storage (CUDA 13.4+): the swaps go through the agent's pinned ring, then the same job is
+  moved through the driver's pageable staging (`copy=driver`), and the target
+  `custom storage ≥ 5 × the pageable path`; where the driver lacks it (driver 580), the
+  report says so and why (the probe's words) and has no such target;
 - with `--overlap`, as many switches again with the holder's snapshot and the other's
   restore at once (the agent's overlapped Switch when both fit: PCIe is full duplex), and
   the target `overlapped switch ≤ 1.2 × max(pinned D2H, pinned H2D) + 50 ms`.
@@ -33,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -225,74 +231,132 @@ async def _alone(args: argparse.Namespace, seed: int, turns: int) -> list[str]:
         await worker.quit()
 
 
-async def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from rlslice.snapshot_agent.backends.base import BackendContext, JobHandle
+@dataclass
+class _Rounds:
+    """What the swaps of one bench run measured."""
 
-    modes = ["serial"] * args.swaps + (["overlapped"] * args.swaps if args.overlap else [])
-    turns = len(modes) + 1
-    turns_a, turns_b = (turns + 1) // 2, turns // 2
-    # Reference: each job alone, same steps, no swaps (both at once: they do not interact).
-    alone_a, alone_b = await asyncio.gather(_alone(args, 1, turns_a), _alone(args, 2, turns_b))
+    losses: dict[int, list[str]]
+    snapshots: list[tuple[int, float]] = field(default_factory=list)
+    restores: list[tuple[int, float]] = field(default_factory=list)
+    overlapped: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Reports of the side passes: the CLI comparison, the cuda copy paths."""
 
-    state_dir = Path(tempfile.mkdtemp(prefix="rlslice-swap-"))
-    context = BackendContext(node="bench", state_dir=state_dir)
-    backend: Any
-    if args.backend == "cuda":
-        from rlslice.snapshot_agent.backends.cuda import CudaBackend
 
-        backend = CudaBackend(context)
-        probe = await backend.probe()
-        if not probe.usable:
-            raise _BenchError(f"cuda backend unusable here: {probe.detail}")
-    else:
+def _store_dir() -> Path:
+    """A private folder for the cuda backend's custom-storage copies: a tmpfs if there is one."""
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="rlslice-swap-store-", dir=shm if shm.is_dir() else None))
+
+
+async def _make_backend(args: argparse.Namespace, state_dir: Path, **options: str) -> Any:
+    from rlslice.snapshot_agent.backends.base import BackendContext
+
+    context = BackendContext(node="bench", state_dir=state_dir, options=options)
+    if args.backend == "app":
         from rlslice.snapshot_agent.backends.app import AppBackend
 
-        backend = AppBackend(context)
+        return AppBackend(context)
+    from rlslice.snapshot_agent.backends.cuda import CudaBackend
+
+    backend = CudaBackend(context)
+    probe = await backend.probe()
+    if not probe.usable:
+        raise _BenchError(f"cuda backend unusable here: {probe.detail}")
+    backend.probe_detail = probe.detail  # type: ignore[attr-defined]
+    return backend
+
+
+async def _swap(
+    backend: Any, out_job: Any, in_job: Any, mode: str, rounds: _Rounds, timeout: float
+) -> None:
+    """One switch: the holder out, the parked job in; serially or both at once."""
+    deadline = time.time() + timeout
+    if mode == "overlapped":
+        started = time.perf_counter()
+        await asyncio.gather(
+            backend.snapshot(out_job, deadline=deadline),
+            backend.restore(in_job, deadline=deadline),
+        )
+        rounds.overlapped.append(time.perf_counter() - started)
+        return
+    out = await backend.snapshot(out_job, deadline=deadline)
+    rounds.snapshots.append((out.bytes, out.seconds))
+    back = await backend.restore(in_job, deadline=deadline)
+    rounds.restores.append((back.bytes, back.seconds))
+
+
+async def _rounds(
+    args: argparse.Namespace, backend: Any, state_dir: Path, modes: list[str]
+) -> _Rounds:
+    """Two workers take turns through `backend`; then the side passes on the resident job."""
+    from rlslice.snapshot_agent.backends.base import JobHandle
 
     a, b = await asyncio.gather(Worker.start(args, 1), Worker.start(args, 2))
     jobs = {
         w.pid: JobHandle(job=f"swap-{name}", group="bench", pids=(w.pid,), workloads=(PipeLink(w),))
         for name, w in (("a", a), ("b", b))
     }
-    losses: dict[int, list[str]] = {a.pid: [], b.pid: []}
-    snapshots: list[tuple[int, float]] = []
-    restores: list[tuple[int, float]] = []
-    overlapped: list[float] = []
-    cli: dict[str, Any] | None = None
+    rounds = _Rounds(losses={a.pid: [], b.pid: []})
+    turns = len(modes) + 1
     try:
         out = await backend.snapshot(jobs[b.pid], deadline=time.time() + args.timeout)
-        snapshots.append((out.bytes, out.seconds))
+        rounds.snapshots.append((out.bytes, out.seconds))
         holder, parked = a, b
         for turn in range(turns):
-            losses[holder.pid] += await holder.train(args.steps)
-            if turn == turns - 1:
-                break
-            deadline = time.time() + args.timeout
-            if modes[turn] == "overlapped":
-                started = time.perf_counter()
-                await asyncio.gather(
-                    backend.snapshot(jobs[holder.pid], deadline=deadline),
-                    backend.restore(jobs[parked.pid], deadline=deadline),
+            rounds.losses[holder.pid] += await holder.train(args.steps)
+            if turn < turns - 1:
+                await _swap(
+                    backend, jobs[holder.pid], jobs[parked.pid], modes[turn], rounds, args.timeout
                 )
-                overlapped.append(time.perf_counter() - started)
-            else:
-                out = await backend.snapshot(jobs[holder.pid], deadline=deadline)
-                snapshots.append((out.bytes, out.seconds))
-                back = await backend.restore(jobs[parked.pid], deadline=deadline)
-                restores.append((back.bytes, back.seconds))
-            holder, parked = parked, holder
+                holder, parked = parked, holder
         if args.compare_cli:
-            cli = await _compare_cli(args, context, jobs[holder.pid])
+            rounds.extra["cuda_checkpoint_cli"] = await _compare_cli(
+                args, state_dir, jobs[holder.pid]
+            )
+        if args.backend == "cuda":
+            rounds.extra["cuda_copy_paths"] = await _copy_paths(
+                args, backend, state_dir, jobs[holder.pid]
+            )
         await backend.restore(jobs[parked.pid], deadline=time.time() + args.timeout)
+        rounds.extra["workers"] = {"a": a.pid, "b": b.pid}
     finally:
         await asyncio.gather(a.quit(), b.quit())
-        shutil.rmtree(state_dir, ignore_errors=True)
+    return rounds
 
-    snap = _summary(snapshots, warmup=2)  # the first offload of each worker pins its buffers
-    rest = _summary(restores, warmup=0)
+
+async def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    modes = ["serial"] * args.swaps + (["overlapped"] * args.swaps if args.overlap else [])
+    turns = len(modes) + 1
+    # Reference: each job alone, same steps, no swaps (both at once: they do not interact).
+    alone = await asyncio.gather(_alone(args, 1, (turns + 1) // 2), _alone(args, 2, turns // 2))
+    state_dir = Path(tempfile.mkdtemp(prefix="rlslice-swap-"))
+    store = _store_dir()
+    try:
+        options = {"store_dir": str(store)} if args.backend == "cuda" else {}
+        backend = await _make_backend(args, state_dir, **options)
+        rounds = await _rounds(args, backend, state_dir, modes)
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+    snap = _summary(rounds.snapshots, warmup=2)  # each worker's first offload pins buffers
     memcpy = await asyncio.to_thread(_memcpy, max(snap["bytes"], 1), args.device, args.cpu)
-    limit = {k: 1.25 * v + 0.05 for k, v in memcpy.items()}
-    identical = {"a": losses[a.pid] == alone_a, "b": losses[b.pid] == alone_b}
+    return _report(args, rounds, (list(alone[0]), list(alone[1])), memcpy)
+
+
+def _report(
+    args: argparse.Namespace,
+    rounds: _Rounds,
+    alone: tuple[list[str], list[str]],
+    memcpy: dict[str, float],
+) -> dict[str, Any]:
+    snap = _summary(rounds.snapshots, warmup=2)
+    rest = _summary(rounds.restores, warmup=0)
+    pids = rounds.extra["workers"]
+    identical = {
+        "a": rounds.losses[pids["a"]] == alone[0],
+        "b": rounds.losses[pids["b"]] == alone[1],
+    }
     report: dict[str, Any] = {
         "backend": args.backend,
         "gib": args.gib,
@@ -312,20 +376,44 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "h2d": rest["seconds_median"] / memcpy["h2d"],
         },
         "bit_identical": identical,
-        "losses_compared": {"a": len(alone_a), "b": len(alone_b)},
+        "losses_compared": {"a": len(alone[0]), "b": len(alone[1])},
     }
-    targets = {"bit_identical": all(identical.values())}
+    report["targets"] = _targets(args, report, rounds, memcpy)
+    report["ok"] = all(report["targets"].values())
+    return report
+
+
+def _targets(
+    args: argparse.Namespace, report: dict[str, Any], rounds: _Rounds, memcpy: dict[str, float]
+) -> dict[str, bool]:
+    """The issue's targets this run can judge (the report gains the side passes' parts)."""
+    snap, rest = report["snapshot_d2h"], report["restore_h2d"]
+    targets = {"bit_identical": all(report["bit_identical"].values())}
     if args.backend == "app":
+        limit = {k: 1.25 * v + 0.05 for k, v in memcpy.items()}
         targets["app_within_1.25x_memcpy_plus_50ms"] = (
             snap["seconds_median"] <= limit["d2h"] and rest["seconds_median"] <= limit["h2d"]
         )
-    if cli is not None:
+    if (cli := rounds.extra.get("cuda_checkpoint_cli")) is not None:
         ours = snap["seconds_median"] + rest["seconds_median"]
         theirs = cli["snapshot_seconds_median"] + cli["restore_seconds_median"]
         cli["speedup"] = theirs / ours if ours > 0 else None
         report["cuda_checkpoint_cli"] = cli
         targets["cuda_at_least_5x_faster_than_cli"] = bool(cli["speedup"] and cli["speedup"] >= 5)
-    if overlapped:
+    if (paths := rounds.extra.get("cuda_copy_paths")) is not None:
+        report["cuda_copy_paths"] = paths
+        if paths["custom_storage"]:
+            ours = snap["seconds_median"] + rest["seconds_median"]
+            theirs = (
+                paths["pageable"]["snapshot_seconds_median"]
+                + paths["pageable"]["restore_seconds_median"]
+            )
+            paths["speedup"] = theirs / ours if ours > 0 else None
+            targets["cuda_custom_storage_at_least_5x_pageable"] = bool(
+                paths["speedup"] and paths["speedup"] >= 5
+            )
+    if rounds.overlapped:
+        overlapped = rounds.overlapped
         median = statistics.median(overlapped[1:] if len(overlapped) > 1 else overlapped)
         bound = 1.2 * max(memcpy["d2h"], memcpy["h2d"]) + 0.05
         report["overlapped_switch"] = {
@@ -335,21 +423,33 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
             "bound_seconds": bound,
         }
         targets["overlapped_within_1.2x_max_memcpy_plus_50ms"] = median <= bound
-    report["targets"] = targets
-    report["ok"] = all(targets.values())
-    return report
+    return targets
 
 
-async def _compare_cli(args: argparse.Namespace, context: Any, job: Any) -> dict[str, Any]:
-    """Move the same (resident) job twice with the cuda-checkpoint binary."""
-    from rlslice.snapshot_agent.backends.cuda_checkpoint import CudaCheckpointBackend
+async def _copy_paths(
+    args: argparse.Namespace, backend: Any, state_dir: Path, job: Any
+) -> dict[str, Any]:
+    """The cuda backend's copy paths side by side: the swaps above took the probe's path; with
+    custom storage offered, the same (resident) job moves twice more through the driver's
+    pageable staging (copy=driver)."""
+    detail = str(getattr(backend, "probe_detail", ""))
+    custom = "custom storage (" in detail and "pageable" not in detail
+    found: dict[str, Any] = {"custom_storage": custom, "probe": detail}
+    if not custom:
+        found["why"] = "the driver lacks custom storage here: the swaps took the pageable path"
+        return found
+    store = str(state_dir / "pageable-store")  # unused by copy=driver; never a shared folder
+    pageable = await _make_backend(args, state_dir / "pageable", copy="driver", store_dir=store)
+    found["pageable"] = await _move_twice(args, pageable, job)
+    return found
 
-    cli = CudaCheckpointBackend(context)
+
+async def _move_twice(args: argparse.Namespace, backend: Any, job: Any) -> dict[str, Any]:
     snaps, rests = [], []
     for _ in range(2):
-        out = await cli.snapshot(job, deadline=time.time() + args.timeout)
+        out = await backend.snapshot(job, deadline=time.time() + args.timeout)
         snaps.append(out.seconds)
-        back = await cli.restore(job, deadline=time.time() + args.timeout)
+        back = await backend.restore(job, deadline=time.time() + args.timeout)
         rests.append(back.seconds)
     return {
         "snapshot_seconds_median": statistics.median(snaps),
@@ -357,6 +457,15 @@ async def _compare_cli(args: argparse.Namespace, context: Any, job: Any) -> dict
         "snapshot_seconds_all": snaps,
         "restore_seconds_all": rests,
     }
+
+
+async def _compare_cli(args: argparse.Namespace, state_dir: Path, job: Any) -> dict[str, Any]:
+    """Move the same (resident) job twice with the cuda-checkpoint binary."""
+    from rlslice.snapshot_agent.backends.base import BackendContext
+    from rlslice.snapshot_agent.backends.cuda_checkpoint import CudaCheckpointBackend
+
+    cli = CudaCheckpointBackend(BackendContext(node="bench", state_dir=state_dir / "cli"))
+    return await _move_twice(args, cli, job)
 
 
 def _text(report: dict[str, Any]) -> str:
@@ -380,6 +489,11 @@ def _text(report: dict[str, Any]) -> str:
         lines.append(
             f"  cuda-checkpoint CLI: {report['cuda_checkpoint_cli']['speedup']:.1f}x slower"
         )
+    if (paths := report.get("cuda_copy_paths")) is not None:
+        if paths["custom_storage"]:
+            lines.append(f"  pageable path (copy=driver): {paths['speedup'] or 0:.1f}x slower")
+        else:
+            lines.append(f"  custom storage: not offered here ({paths['probe']})")
     lines += [
         f"  target {name}: {'met' if ok else 'MISSED'}" for name, ok in report["targets"].items()
     ]
@@ -389,15 +503,19 @@ def _text(report: dict[str, Any]) -> str:
 # --- the worker process ---------------------------------------------------------------
 
 
-def _worker(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--gib", type=float, required=True)
-    parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--cpu", action="store_true")
-    args = parser.parse_args(argv)
+@dataclass
+class _Job:
+    """The worker's training state: a model, its Adam state, and a ballast it reads and writes."""
 
+    model: Any
+    optimizer: Any
+    ballast: Any
+    offloader: Any
+    rows: int
+    step: int = 0
+
+
+def _build(args: argparse.Namespace) -> _Job:
     import torch
 
     from rlslice.client.offload import TorchOffloader
@@ -419,46 +537,67 @@ def _worker(argv: Sequence[str]) -> None:
     offloader.register(model, "weights")
     offloader.register(optimizer, "optimizer")
     offloader.register(ballast, "state")
-    step = 0
-    batch = 256
+    return _Job(model, optimizer, ballast, offloader, rows)
+
+
+def _train(job: _Job, steps: int, batch: int = 256) -> list[str]:
+    """`steps` deterministic steps; each loss as float.hex() (bit-exact comparison)."""
+    import torch
+
+    losses = []
+    for _ in range(steps):
+        start = (job.step * 7919) % (job.rows - batch)
+        x = job.ballast[start : start + batch]
+        loss = torch.nn.functional.mse_loss(job.model(x), x.flip(1))
+        job.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        job.optimizer.step()
+        with torch.no_grad():  # the ballast is state too: training writes it
+            job.ballast[start : start + batch].mul_(0.5).add_(job.model(x), alpha=0.5)
+        losses.append(float(loss.item()).hex())
+        job.step += 1
+    return losses
+
+
+def _move(job: _Job, request: dict[str, Any]) -> dict[str, Any]:
+    """An offload or restore command's answer."""
+    op = request["op"]
+    try:
+        if op == "offload":
+            result = job.offloader.offload(request.get("discard", []))
+        elif op == "restore":
+            result = job.offloader.restore()
+        else:
+            raise ValueError(f"unknown op {op!r}")
+    except Exception as error:
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    return {"ok": True, "bytes": result.bytes, "seconds": result.seconds}
+
+
+def _worker(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--gib", type=float, required=True)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--cpu", action="store_true")
+    job = _build(parser.parse_args(argv))
 
     def send(message: dict[str, Any]) -> None:
         sys.stdout.write(json.dumps(message) + "\n")
         sys.stdout.flush()
 
+    offloader = job.offloader
     send({"pid": os.getpid(), "modes": sorted(offloader.modes), "tags": list(offloader.tags)})
     for line in sys.stdin:
         request = json.loads(line)
-        op = request["op"]
-        if op == "quit":
+        if request["op"] == "quit":
             send({"ok": True})
             return
-        if op == "train":
-            losses = []
-            for _ in range(request["steps"]):
-                start = (step * 7919) % (rows - batch)
-                x = ballast[start : start + batch]
-                loss = torch.nn.functional.mse_loss(model(x), x.flip(1))
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()  # type: ignore[no-untyped-call]
-                optimizer.step()
-                with torch.no_grad():  # the ballast is state too: training writes it
-                    ballast[start : start + batch].mul_(0.5).add_(model(x), alpha=0.5)
-                losses.append(float(loss.item()).hex())
-                step += 1
-            send({"losses": losses})
-            continue
-        try:
-            if op == "offload":
-                result = offloader.offload(request.get("discard", []))
-            elif op == "restore":
-                result = offloader.restore()
-            else:
-                raise ValueError(f"unknown op {op!r}")
-        except Exception as error:
-            send({"ok": False, "error": f"{type(error).__name__}: {error}"})
-            continue
-        send({"ok": True, "bytes": result.bytes, "seconds": result.seconds})
+        if request["op"] == "train":
+            send({"losses": _train(job, request["steps"])})
+        else:
+            send(_move(job, request))
 
 
 if __name__ == "__main__":
