@@ -221,10 +221,10 @@ class CheckpointMover:
         async with self._job_lock(job):
             return await self._snapshot(job, deadline)
 
-    async def _snapshot(self, job: JobHandle, deadline: float) -> MoveOutcome:
-        start = time.monotonic()
-        states = await self._states(job.pids, deadline)
-        per_pid = await self._process_bytes(job.pids)
+    def _refuse_unmovable(
+        self, states: dict[int, ProcState], per_pid: dict[int, int | None]
+    ) -> None:
+        """BackendError before anything moves: memory the API cannot move, or bad states."""
         unknown = [pid for pid, used in per_pid.items() if pid not in states and used]
         if unknown:
             raise BackendError(
@@ -237,6 +237,12 @@ class CheckpointMover:
             pid for pid, s in states.items() if s in (ProcState.CHECKPOINTING, ProcState.RESTORING)
         ]:
             raise BackendError(f"{self._backend}: pids {busy} are mid-operation; retry")
+
+    async def _snapshot(self, job: JobHandle, deadline: float) -> MoveOutcome:
+        start = time.monotonic()
+        states = await self._states(job.pids, deadline)
+        per_pid = await self._process_bytes(job.pids)
+        self._refuse_unmovable(states, per_pid)
         running = [pid for pid, s in states.items() if s is ProcState.RUNNING]
         locked = [pid for pid, s in states.items() if s is ProcState.LOCKED]
         done = [pid for pid, s in states.items() if s is ProcState.CHECKPOINTED]
@@ -247,7 +253,19 @@ class CheckpointMover:
         moving = [pid for pid in states if pid not in done]
         nbytes = known_total({pid: per_pid.get(pid) for pid in moving})
         used_before = await self._used_bytes() if nbytes is None else None
+        await self._lock_and_checkpoint(job, running, locked, deadline)
+        if nbytes is None and used_before is not None:
+            used_after = await self._used_bytes()
+            nbytes = max(0, used_before - (used_after or used_before))
+        total = (nbytes or 0) + ((self._load_bytes(job) or 0) if done else 0)
+        self._save_bytes(job, total)
+        return MoveOutcome(bytes=total, seconds=time.monotonic() - start)
 
+    async def _lock_and_checkpoint(
+        self, job: JobHandle, running: list[int], locked: list[int], deadline: float
+    ) -> None:
+        """Lock the running, then checkpoint every locked process; on a failure, roll back
+        and raise BackendError (the job keeps running)."""
         lock_ms = int(_option_float(job, self._options, "lock_timeout_ms", DEFAULT_LOCK_TIMEOUT_MS))
         remaining_ms = int((deadline - time.time()) * 1000)
         if remaining_ms <= 0:
@@ -282,12 +300,6 @@ class CheckpointMover:
             raise BackendError(
                 f"{self._backend}: checkpoint failed: {_first(ckpt_failed)}; {done_words}"
             )
-        if nbytes is None and used_before is not None:
-            used_after = await self._used_bytes()
-            nbytes = max(0, used_before - (used_after or used_before))
-        total = (nbytes or 0) + ((self._load_bytes(job) or 0) if done else 0)
-        self._save_bytes(job, total)
-        return MoveOutcome(bytes=total, seconds=time.monotonic() - start)
 
     async def _roll_back(
         self,
