@@ -120,8 +120,8 @@ async def _stub(address: str) -> AsyncIterator[Any]:
         yield scheduler_pb2_grpc.SchedulerStub(channel)
 
 
-async def _lease(stub: Any, job: str) -> pb.Lease:
-    lease: pb.Lease = await stub.Register(
+async def _lease(stub: Any, job: str) -> pb.RegisterResponse:
+    lease: pb.RegisterResponse = await stub.Register(
         pb.RegisterRequest(job=job, group="g", lease_seconds=60), timeout=10
     )
     return lease
