@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
 import jsonpatch
@@ -108,7 +108,19 @@ def build_registry(
     tests log in to an emulated API server).
     """
     registry = registry if registry is not None else kopf.OperatorRegistry()
-    resource = (GROUP, VERSION, PLURAL)
+    if config.reconciles:
+        _register_controller(config, registry)
+    if config.admits:
+        _register_webhook(config, registry)
+    return registry
+
+
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+def _register_controller(config: OperatorConfig, registry: kopf.OperatorRegistry) -> None:
+    """The TimeSliceGroup handlers: put on create/update/resume, the status timer, and the
+    deletion behind the finalizer; one scheduler channel per operator run."""
     api_holder: dict[str, SchedulerAPI] = {}
 
     def api() -> SchedulerAPI:
@@ -122,108 +134,124 @@ def build_registry(
             )
         return api_holder["api"]
 
-    if config.reconciles:
+    @kopf.on.cleanup(registry=registry)
+    async def close_channel(**_: Any) -> None:
+        if "api" in api_holder:
+            await api_holder.pop("api").close()
 
-        @kopf.on.cleanup(registry=registry)
-        async def close_channel(**_: Any) -> None:
-            if "api" in api_holder:
-                await api_holder.pop("api").close()
+    @kopf.on.resume(*RESOURCE, id="put-group", registry=registry)
+    @kopf.on.create(*RESOURCE, id="put-group", registry=registry)
+    @kopf.on.update(*RESOURCE, id="put-group", field="spec", registry=registry)
+    async def put_group(
+        name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
+    ) -> None:
+        await _sync(api(), name, spec, body, patch, timer=False)
 
-        @kopf.on.resume(*resource, id="put-group", registry=registry)
-        @kopf.on.create(*resource, id="put-group", registry=registry)
-        @kopf.on.update(*resource, id="put-group", field="spec", registry=registry)
-        async def put_group(
-            name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
-        ) -> None:
-            await _sync(api(), name, spec, body, patch, timer=False)
+    @kopf.timer(*RESOURCE, id="sync-status", interval=config.status_interval, registry=registry)
+    async def sync_status(
+        name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
+    ) -> None:
+        if body.metadata.get("deletionTimestamp"):
+            return
+        await _sync(api(), name, spec, body, patch, timer=True)
 
-        @kopf.timer(*resource, id="sync-status", interval=config.status_interval, registry=registry)
-        async def sync_status(
-            name: str, spec: kopf.Spec, body: kopf.Body, patch: kopf.Patch, **_: Any
-        ) -> None:
-            if body.metadata.get("deletionTimestamp"):
-                return
-            await _sync(api(), name, spec, body, patch, timer=True)
+    @kopf.on.delete(*RESOURCE, id="delete-group", registry=registry)
+    async def delete_group(name: str, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await _delete(api(), config, name, body, patch)
 
-        @kopf.on.delete(*resource, id="delete-group", registry=registry)
-        async def delete_group(name: str, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-            client = api()
+
+async def _delete(
+    client: SchedulerAPI, config: OperatorConfig, name: str, body: kopf.Body, patch: kopf.Patch
+) -> None:
+    """One pass of a group's deletion: what `finalize` says, against the scheduler."""
+    try:
+        observed = await client.get(name)
+    except RlsliceError as error:
+        raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
+    waited = _seconds_since(body.metadata.get("deletionTimestamp"))
+    actions = finalize(
+        name,
+        observed,
+        waited_seconds=waited,
+        timeout_seconds=config.delete_timeout,
+        poll_seconds=config.status_interval,
+    )
+    patch.status["phase"] = "Deleting"
+    for action in actions:
+        if isinstance(action, RetryLater):
+            raise kopf.TemporaryError(action.reason, delay=action.delay)
+        if isinstance(action, DeleteGroup):
             try:
-                observed = await client.get(name)
+                await client.delete(action.name, force=action.force)
+            except FailedPreconditionError as error:  # a job took the lock meanwhile
+                raise kopf.TemporaryError(f"scheduler: {error}", delay=1) from None
             except RlsliceError as error:
                 raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
-            waited = _seconds_since(body.metadata.get("deletionTimestamp"))
-            actions = finalize(
-                name,
-                observed,
-                waited_seconds=waited,
-                timeout_seconds=config.delete_timeout,
-                poll_seconds=config.status_interval,
-            )
-            patch.status["phase"] = "Deleting"
-            for action in actions:
-                if isinstance(action, RetryLater):
-                    raise kopf.TemporaryError(action.reason, delay=action.delay)
-                if isinstance(action, DeleteGroup):
-                    try:
-                        await client.delete(action.name, force=action.force)
-                    except FailedPreconditionError as error:  # a job took the lock meanwhile
-                        raise kopf.TemporaryError(f"scheduler: {error}", delay=1) from None
-                    except RlsliceError as error:
-                        raise kopf.TemporaryError(f"scheduler: {error}", delay=5) from None
-                    if action.force:
-                        log.warning("group %s: deletion forced after %.0fs", name, waited)
+            if action.force:
+                log.warning("group %s: deletion forced after %.0fs", name, waited)
 
-    if config.admits:
 
-        @kopf.index(*resource, id="groups", registry=registry)
-        def groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
-            # Read by the webhook: the group a pod names, without an API call per admission.
-            return {name: {"spec": dict(body.get("spec") or {})}}
+def _register_webhook(config: OperatorConfig, registry: kopf.OperatorRegistry) -> None:
+    """The webhook's handlers: the groups index and the pod mutation; one namespace-label
+    reader per operator run."""
 
-        labels_holder: dict[str, NamespaceLabels] = {}
+    @kopf.index(*RESOURCE, id="groups", registry=registry)
+    def groups(name: str, body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+        # Read by the webhook: the group a pod names, without an API call per admission.
+        return {name: {"spec": dict(body.get("spec") or {})}}
 
-        def namespace_labels() -> NamespaceLabels:
-            # Opened inside the operator's event loop, at the first selector to check.
-            if "labels" not in labels_holder:
-                labels_holder["labels"] = NamespaceLabels(KubeAPI.from_environment())
-            return labels_holder["labels"]
+    labels_holder: dict[str, NamespaceLabels] = {}
 
-        @kopf.on.cleanup(registry=registry)
-        async def close_namespace_labels(**_: Any) -> None:
-            if "labels" in labels_holder:
-                await labels_holder.pop("labels").close()
+    def namespace_labels() -> NamespaceLabels:
+        # Opened inside the operator's event loop, at the first selector to check.
+        if "labels" not in labels_holder:
+            labels_holder["labels"] = NamespaceLabels(KubeAPI.from_environment())
+        return labels_holder["labels"]
 
-        @kopf.on.mutate(
-            "v1",
-            "pods",
-            id=WEBHOOK_ID,
-            operation="CREATE",
-            labels={GROUP_LABEL: kopf.PRESENT},
-            registry=registry,
-        )
-        async def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-            groups: kopf.Index[str, Any] = kwargs["groups"]  # the index above, by its name
-            # The webhook configuration's namespaceSelector keeps system namespaces out; the
-            # pure function skips them again when the object names its namespace.
-            name = (body.metadata.labels or {}).get(GROUP_LABEL, "")
-            group = next(iter(groups.get(name, [])), None)
-            namespace = str(body.metadata.namespace or "")
-            if namespace in config.injection.skip_namespaces:
-                return
-            labels = None
-            if needs_namespace_labels(group, namespace):
-                labels = await namespace_labels().get(namespace)
-            refusal = admission_refusal(name, group, namespace, labels)
-            if refusal is not None:
-                raise kopf.AdmissionError(refusal, code=403)
-            ops = mutate(dict(body), group, config.injection)
-            if ops:
-                # kopf diffs the transformed body against the original into the response's
-                # JSON patch, so the effect is exactly these operations.
-                patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
+    @kopf.on.cleanup(registry=registry)
+    async def close_namespace_labels(**_: Any) -> None:
+        if "labels" in labels_holder:
+            await labels_holder.pop("labels").close()
 
-    return registry
+    @kopf.on.mutate(
+        "v1",
+        "pods",
+        id=WEBHOOK_ID,
+        operation="CREATE",
+        labels={GROUP_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    async def inject(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+        groups: kopf.Index[str, Any] = kwargs["groups"]  # the index above, by its name
+        await _inject(config, groups, body, patch, namespace_labels)
+
+
+async def _inject(
+    config: OperatorConfig,
+    groups: kopf.Index[str, Any],
+    body: kopf.Body,
+    patch: kopf.Patch,
+    namespace_labels: Callable[[], NamespaceLabels],
+) -> None:
+    """Admit a labelled pod, or refuse it, and patch the `RLSLICE_*` environment in."""
+    # The webhook configuration's namespaceSelector keeps system namespaces out; the
+    # pure function skips them again when the object names its namespace.
+    name = (body.metadata.labels or {}).get(GROUP_LABEL, "")
+    group = next(iter(groups.get(name, [])), None)
+    namespace = str(body.metadata.namespace or "")
+    if namespace in config.injection.skip_namespaces:
+        return
+    labels = None
+    if needs_namespace_labels(group, namespace):
+        labels = await namespace_labels().get(namespace)
+    refusal = admission_refusal(name, group, namespace, labels)
+    if refusal is not None:
+        raise kopf.AdmissionError(refusal, code=403)
+    ops = mutate(dict(body), group, config.injection)
+    if ops:
+        # kopf diffs the transformed body against the original into the response's
+        # JSON patch, so the effect is exactly these operations.
+        patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
 
 def login_in_cluster(registry: kopf.OperatorRegistry) -> None:
