@@ -21,7 +21,9 @@ SLACK = 1 * MiB
 
 
 @dataclass
-class _Proc:
+class JobProcess:
+    """A bench job: its process and the CRC of its bytes when it started."""
+
     process: asyncio.subprocess.Process
     crc: int
 
@@ -33,14 +35,15 @@ class _Proc:
         return int(await asyncio.wait_for(self.process.stdout.readline(), 300))
 
 
-async def _spawn(agent: Any, job: str, size: int, seed: int, group: str) -> _Proc:
+async def spawn_job(agent: Any, job: str, size: int, seed: int, group: str) -> JobProcess:
+    """A real job of `size` emulated bytes, registered with `agent`, once it has filled them."""
     node_dir = agent.settings.sim.root / agent.node
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _JOB, str(agent.socket_path), str(node_dir), job, str(size),
         str(seed), group, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stdout is not None
-    return _Proc(process, int(await asyncio.wait_for(process.stdout.readline(), 300)))
+    return JobProcess(process, int(await asyncio.wait_for(process.stdout.readline(), 300)))
 
 
 def _options(real_bytes: int, scale: float, link_gbps: float) -> dict[str, str]:
@@ -72,7 +75,8 @@ async def _agent(
         await agent.stop(0)
 
 
-async def _stop(procs: list[_Proc]) -> None:
+async def stop_jobs(procs: list[JobProcess]) -> None:
+    """Kill the jobs (one may have exited already) and reap them."""
     for proc in procs:
         with contextlib.suppress(ProcessLookupError):
             proc.process.kill()
@@ -90,58 +94,36 @@ async def overlap_one(
     real = max(MiB, int(size / scale))
     node = f"duplex-{size >> 20}"
     async with _agent(node, real + SLACK, _options(real, scale, link_gbps), root, work) as agent:
-        b = await _spawn(agent, "job-b", real, 2, "bench")
+        b = await spawn_job(agent, "job-b", real, 2, "bench")
         channel = open_channel(agent.address)
         stub: Any = agent_pb2_grpc.AgentStub(channel)
         procs = [b]
         try:
             epoch = 1
             await stub.Snapshot(apb.SnapshotRequest(job="job-b", group="bench", epoch=epoch))
-            a = await _spawn(agent, "job-a", real, 1, "bench")
+            a = await spawn_job(agent, "job-a", real, 1, "bench")
             procs.append(a)
-            serial: list[float] = []
-            overlapped: list[float] = []
+            seconds: dict[str, list[float]] = {"serial": [], "overlapped": []}
             overlapped_flags: list[bool] = []
             outgoing, incoming = "job-a", "job-b"
             for _ in range(repeats):
                 for mode in ("serial", "overlapped"):
                     epoch += 1
-                    started = time.perf_counter()
-                    if mode == "serial":
-                        snap = apb.SnapshotRequest(job=outgoing, group="bench", epoch=epoch)
-                        await stub.Snapshot(snap)
-                        into = apb.RestoreRequest(job=incoming, group="bench", epoch=epoch)
-                        await stub.Restore(into)
-                        serial.append(time.perf_counter() - started)
-                    else:
-                        request = apb.SwitchRequest(
-                            group="bench",
-                            epoch=epoch,
-                            outgoing=[apb.SwitchMove(job=outgoing)],
-                            incoming=apb.SwitchMove(job=incoming),
-                        )
-                        result = await stub.Switch(request)
-                        if result.HasField("failure"):
-                            raise RuntimeError(f"switch failed: {result.failure.reason}")
-                        overlapped.append(time.perf_counter() - started)
-                        overlapped_flags.append(result.overlapped)
+                    took, overlapped = await _timed_switch(stub, mode, outgoing, incoming, epoch)
+                    seconds[mode].append(took)
+                    if mode == "overlapped":
+                        overlapped_flags.append(overlapped)
                     outgoing, incoming = incoming, outgoing
             # `outgoing` runs now, `incoming` is parked: check one, switch, check the other.
             by_name = {"job-a": a, "job-b": b}
             identical = await by_name[outgoing].crc_now() == by_name[outgoing].crc
-            epoch += 1
-            request = apb.SwitchRequest(
-                group="bench",
-                epoch=epoch,
-                outgoing=[apb.SwitchMove(job=outgoing)],
-                incoming=apb.SwitchMove(job=incoming),
-            )
-            await stub.Switch(request)
+            await stub.Switch(_switch_request(outgoing, incoming, epoch + 1))
             identical &= await by_name[incoming].crc_now() == by_name[incoming].crc
         finally:
             await channel.close(None)
-            await _stop(procs)
-    serial_s, overlapped_s = statistics.median(serial), statistics.median(overlapped)
+            await stop_jobs(procs)
+    serial_s = statistics.median(seconds["serial"])
+    overlapped_s = statistics.median(seconds["overlapped"])
     ratio = overlapped_s / serial_s
     return {
         "equivalent_bytes": size,
@@ -155,6 +137,36 @@ async def overlap_one(
         "overlapped": all(overlapped_flags),
         "identical": identical,
     }
+
+
+def _switch_request(outgoing: str, incoming: str, epoch: int) -> Any:
+    from rlslice.v1alpha1 import agent_pb2 as apb
+
+    return apb.SwitchRequest(
+        group="bench",
+        epoch=epoch,
+        outgoing=[apb.SwitchMove(job=outgoing)],
+        incoming=apb.SwitchMove(job=incoming),
+    )
+
+
+async def _timed_switch(
+    stub: Any, mode: str, outgoing: str, incoming: str, epoch: int
+) -> tuple[float, bool]:
+    """Seconds of one switch, `serial` (Snapshot, then Restore) or `overlapped` (one Switch),
+    and whether the agent overlapped it."""
+    from rlslice.v1alpha1 import agent_pb2 as apb
+
+    started = time.perf_counter()
+    if mode == "serial":
+        await stub.Snapshot(apb.SnapshotRequest(job=outgoing, group="bench", epoch=epoch))
+        await stub.Restore(apb.RestoreRequest(job=incoming, group="bench", epoch=epoch))
+        return time.perf_counter() - started, False
+    result = await stub.Switch(_switch_request(outgoing, incoming, epoch))
+    took = time.perf_counter() - started
+    if result.HasField("failure"):
+        raise RuntimeError(f"switch failed: {result.failure.reason}")
+    return took, result.overlapped
 
 
 async def prefetch_vs_handoff(
@@ -179,13 +191,13 @@ async def prefetch_vs_handoff(
             await stub.RegisterAgent(
                 pb.RegisterAgentRequest(node=agent.node, address=agent.address, backends=["sim"])
             )
-            procs: list[_Proc] = []
+            procs: list[JobProcess] = []
             try:
                 jobs = ("job-a", "job-b", "job-c")
                 leases = {}
                 for i, job in enumerate(jobs):
                     if i < 2:  # job-c's memory comes later: the device holds two
-                        procs.append(await _spawn(agent, job, real, i + 1, "bench"))
+                        procs.append(await spawn_job(agent, job, real, i + 1, "bench"))
                     leases[job] = await stub.Register(
                         pb.RegisterRequest(job=job, group="bench", device_bytes=real)
                     )
@@ -194,7 +206,7 @@ async def prefetch_vs_handoff(
                 )
             finally:
                 await channel.close(None)
-                await _stop(procs)
+                await stop_jobs(procs)
     finally:
         await scheduler.stop(0)
     median = statistics.median(times)
@@ -218,7 +230,7 @@ async def _rounds(
     leases: dict[str, Any],
     jobs: tuple[str, ...],
     rounds: int,
-    procs: list[_Proc],
+    procs: list[JobProcess],
     real: int,
 ) -> tuple[list[float], bool, bool]:
     """Jobs take turns a, b, c, a, ...; (yield-to-grant seconds, all prefetched, bytes
@@ -249,7 +261,7 @@ async def _rounds(
         finally:
             engine.unwatch("bench", events)
         if waiter not in by_job:  # c: its memory fits now that a is parked
-            by_job[waiter] = await _spawn(agent, waiter, real, 3, "bench")
+            by_job[waiter] = await spawn_job(agent, waiter, real, 3, "bench")
             procs.append(by_job[waiter])
         elif measured:  # the new holder runs: its bytes are as it left them
             proc = by_job[waiter]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from rlslice.apps.agent import parse_size
+    from rlslice.units import parse_size
 
     logging.getLogger("rlslice.snapshot_agent").setLevel(logging.WARNING)
     logging.getLogger("rlslice.scheduler").setLevel(logging.WARNING)
@@ -100,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
 async def _all(
     args: argparse.Namespace, sizes: list[int], memcpy: list[int], root: Path, work: Path
 ) -> dict[str, Any]:
-    from rlslice.apps.agent import parse_size
     from rlslice.apps.bench import _switch_duplex as duplex
+    from rlslice.units import parse_size
 
     repeats = max(1, args.repeats)
     overlap = [
@@ -202,81 +203,89 @@ async def _bench(sizes: list[int], repeats: int, root: Path, work: Path) -> list
 
 
 async def _one_size(agent: Any, size: int, repeats: int) -> dict[str, Any]:
-    import asyncio
     import contextlib
     import statistics
-    import sys
-    import time
-
-    import numpy as np
 
     from rlslice._errors import NotFoundError
     from rlslice.adapters.channel import open_channel
-    from rlslice.v1alpha1 import agent_pb2 as apb
+    from rlslice.apps.bench._switch_duplex import spawn_job, stop_jobs
     from rlslice.v1alpha1 import agent_pb2_grpc
 
-    node_dir = agent.settings.sim.root / agent.node
-    jobs = {}
-    for name, seed in (("bench-a", 1), ("bench-b", 2)):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _JOB, str(agent.socket_path), str(node_dir), name,
-            str(size), str(seed), "bench", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert process.stdout is not None
-        jobs[name] = (process, int(await asyncio.wait_for(process.stdout.readline(), 300)))
+    jobs = {
+        name: await spawn_job(agent, name, size, seed, "bench")
+        for name, seed in (("bench-a", 1), ("bench-b", 2))
+    }
     channel = open_channel(agent.address)
     stub: Any = agent_pb2_grpc.AgentStub(channel)
     try:
-        epoch = 1
-        await stub.Snapshot(apb.SnapshotRequest(job="bench-b", group="bench", epoch=epoch))
-        switch, snapshot, restore, fresh, warm = [], [], [], [], []
-        outgoing, incoming = "bench-a", "bench-b"
-        source = np.full(size, 7, dtype=np.uint8)
-        for _ in range(repeats):
-            # The plain copy is timed between switches, under the same conditions.
-            copy_fresh, copy_warm = _memcpy(source)
-            fresh.append(copy_fresh)
-            warm.append(copy_warm)
-            epoch += 1
-            started = time.perf_counter()
-            out = await stub.Snapshot(apb.SnapshotRequest(job=outgoing, group="bench", epoch=epoch))
-            into = await stub.Restore(apb.RestoreRequest(job=incoming, group="bench", epoch=epoch))
-            switch.append(time.perf_counter() - started)
-            snapshot.append(out.seconds)
-            restore.append(into.seconds)
-            outgoing, incoming = incoming, outgoing
-        del source
-        # Bring the parked one back too, then compare every job's bytes with the start.
-        epoch += 1
-        await stub.Restore(apb.RestoreRequest(job=incoming, group="bench", epoch=epoch))
+        rounds = await _switch_rounds(stub, size, repeats)
         identical = True
-        for process, crc in jobs.values():
-            assert process.stdin is not None
-            assert process.stdout is not None
-            process.stdin.write(b"crc\n")
-            await process.stdin.drain()
-            identical &= int(await asyncio.wait_for(process.stdout.readline(), 300)) == crc
+        for job in jobs.values():
+            identical &= await job.crc_now() == job.crc
     finally:
         await channel.close(None)
-        for process, _ in jobs.values():
-            process.kill()
-            await process.wait()
+        await stop_jobs(list(jobs.values()))
         for name in jobs:  # usually dropped already: their processes are gone
             with contextlib.suppress(NotFoundError):
                 await agent.engine.release(name, "bench", force=True)
-    memcpy = statistics.median(fresh)
-    median = statistics.median(switch)
+    memcpy = statistics.median(rounds.fresh)
+    median = statistics.median(rounds.switch)
     target = 1.5 * 2 * memcpy + 0.020
     return {
         "bytes": size,
         "switch_seconds": median,
-        "snapshot_seconds": statistics.median(snapshot),
-        "restore_seconds": statistics.median(restore),
+        "snapshot_seconds": statistics.median(rounds.snapshot),
+        "restore_seconds": statistics.median(rounds.restore),
         "memcpy_seconds": memcpy,
-        "memcpy_warm_seconds": statistics.median(warm),
+        "memcpy_warm_seconds": statistics.median(rounds.warm),
         "two_copies_seconds": 2 * memcpy,
         "ratio": median / (2 * memcpy),
         "target_seconds": target,
         "meets_target": median <= target,
         "identical": identical,
     }
+
+
+@dataclass
+class _Rounds:
+    """Seconds of each round: the switch as the caller saw it, the agent's snapshot and
+    restore, and a plain copy into fresh and into warm pages."""
+
+    switch: list[float] = field(default_factory=list)
+    snapshot: list[float] = field(default_factory=list)
+    restore: list[float] = field(default_factory=list)
+    fresh: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)
+
+
+async def _switch_rounds(stub: Any, size: int, repeats: int) -> _Rounds:
+    """Park bench-b, then switch between the two `repeats` times; bring the parked one back."""
+    import time
+
+    import numpy as np
+
+    from rlslice.v1alpha1 import agent_pb2 as apb
+
+    epoch = 1
+    await stub.Snapshot(apb.SnapshotRequest(job="bench-b", group="bench", epoch=epoch))
+    rounds = _Rounds()
+    outgoing, incoming = "bench-a", "bench-b"
+    source = np.full(size, 7, dtype=np.uint8)
+    for _ in range(repeats):
+        # The plain copy is timed between switches, under the same conditions.
+        copy_fresh, copy_warm = _memcpy(source)
+        rounds.fresh.append(copy_fresh)
+        rounds.warm.append(copy_warm)
+        epoch += 1
+        started = time.perf_counter()
+        out = await stub.Snapshot(apb.SnapshotRequest(job=outgoing, group="bench", epoch=epoch))
+        into = await stub.Restore(apb.RestoreRequest(job=incoming, group="bench", epoch=epoch))
+        rounds.switch.append(time.perf_counter() - started)
+        rounds.snapshot.append(out.seconds)
+        rounds.restore.append(into.seconds)
+        outgoing, incoming = incoming, outgoing
+    del source
+    # Bring the parked one back too, so that every job's bytes can be compared.
+    epoch += 1
+    await stub.Restore(apb.RestoreRequest(job=incoming, group="bench", epoch=epoch))
+    return rounds
