@@ -281,31 +281,13 @@ async def _agents_and_jobs(
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
     env = child_env()
-
-    async def spawn(*args: str) -> None:
-        processes.append(
-            await asyncio.create_subprocess_exec(
-                *rlslice_argv(*args), env=env, stdout=asyncio.subprocess.DEVNULL
-            )
-        )
-
     for i in range(agents):
         node = f"bench-{i}"
-        await spawn(
-            "agent",
-            "--node",
-            node,
-            "--address",
-            "127.0.0.1:0",
-            "--socket",
-            str(work / f"{node}.sock"),
-            "--sim-root",
-            str(work / "sim"),
-            "--state-dir",
-            str(work / node),
-            "--scheduler",
-            address,
-        )
+        await _spawn(
+            processes, env, "agent", "--node", node, "--address", "127.0.0.1:0",
+            "--socket", str(work / f"{node}.sock"), "--sim-root", str(work / "sim"),
+            "--state-dir", str(work / node), "--scheduler", address,
+        )  # fmt: skip
     spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50)
     await stub.PutGroup(pb.PutGroupRequest(spec=group_spec_to_proto(spec)))
     deadline = time.monotonic() + 30
@@ -315,29 +297,37 @@ async def _agents_and_jobs(
         await asyncio.sleep(0.1)
     calls = []
     for job in ("ga", "gb"):
-        lease = await stub.Register(
-            pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
-        )
-        ids = {"job": job, "group": "bench-agents", "lease_id": lease.lease_id}
-        calls.append(
-            (
-                pb.AcquireRequest(**ids, secret=lease.secret),
-                pb.YieldRequest(**ids, secret=lease.secret),
-            )
-        )
+        calls.append(await _lease_calls(stub, job))
         for i in range(agents):
             socket = str(work / f"bench-{i}.sock")
-            await spawn(
-                "run",
-                "--job",
-                job,
-                "--group",
-                "bench-agents",
-                "--agent-socket",
-                socket,
-                "--",
-                "sleep",
-                "3600",
-            )
+            await _spawn(
+                processes, env, "run", "--job", job, "--group", "bench-agents",
+                "--agent-socket", socket, "--", "sleep", "3600",
+            )  # fmt: skip
     await asyncio.sleep(1.0)  # the wrapped processes register with their agents
     return calls[0], calls[1]
+
+
+async def _spawn(
+    processes: list[asyncio.subprocess.Process], env: dict[str, str], *args: str
+) -> None:
+    """Start `rlslice ARGS...` (its output dropped) and keep it in `processes`."""
+    processes.append(
+        await asyncio.create_subprocess_exec(
+            *rlslice_argv(*args), env=env, stdout=asyncio.subprocess.DEVNULL
+        )
+    )
+
+
+async def _lease_calls(stub: Any, job: str) -> _Calls:
+    """Register `job` in `bench-agents`: its Acquire and Yield requests under the lease."""
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    lease = await stub.Register(
+        pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
+    )
+    ids = {"job": job, "group": "bench-agents", "lease_id": lease.lease_id}
+    return (
+        pb.AcquireRequest(**ids, secret=lease.secret),
+        pb.YieldRequest(**ids, secret=lease.secret),
+    )
