@@ -14,9 +14,10 @@ from rlslice.scheduler.core.machine import (
     new_group,
     step,
 )
+from rlslice.scheduler.core.placement import Location, Placement, PlacementMap
 from rlslice.scheduler.core.policies import AGING_PER_SECOND, order, pick
 from rlslice.scheduler.core.residency import NodeMemory, choose_evictions, fits
-from rlslice.scheduler.core.state import GroupState, JobRecord, Location, Switch, Waiter
+from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, Waiter
 
 __all__ = [
     "AGING_PER_SECOND",
@@ -26,6 +27,8 @@ __all__ = [
     "JobRecord",
     "Location",
     "NodeMemory",
+    "Placement",
+    "PlacementMap",
     "Switch",
     "Transition",
     "WaitEdge",

@@ -26,7 +26,12 @@ from rlslice.scheduler.core import actions as a
 from rlslice.scheduler.core import events as ev
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.policies import pick
-from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core.state import (
+    GroupState,
+    JobRecord,
+    Switch,
+    Waiter,
+)
 
 #: A switch that fails is tried this many times in all before its waiter fails.
 MAX_SWITCH_ATTEMPTS = 2
@@ -55,10 +60,18 @@ _new = object.__new__
 _setattr = object.__setattr__
 
 
+_VIEWS = frozenset(("resident", "parked", "faulted"))
+
+
 def _evolve(state: GroupState, changes: dict[str, Any]) -> GroupState:
     """`dataclasses.replace(state, **changes)`, about three times faster: every transition
     makes a few of these. GroupState has no `__post_init__` and every field is an init
-    field, so filling the slots directly builds the same value `replace` would."""
+    field, so filling the slots directly builds the same value `replace` would. The
+    placement views (`resident`, `parked`, `faulted`) are taken as `GroupState` takes them."""
+    if not _VIEWS.isdisjoint(changes):
+        changes = dict(changes)
+        views = {name: changes.pop(name) for name in _VIEWS & changes.keys()}
+        changes["placement"] = changes.get("placement", state.placement).with_views(**views)
     unknown = changes.keys() - _STATE_FIELD_SET
     if unknown:
         raise TypeError(f"GroupState has no field {sorted(unknown)[0]!r}")
@@ -432,10 +445,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     incoming = switch.incoming
     s = tx.s
     if incoming in s.jobs:
-        resident = (*(j for j in s.resident if j != incoming), incoming)
-        faulted = {j: r for j, r in s.faulted.items() if j != incoming}
-        parked = tuple(j for j in s.parked if j != incoming)
-        tx.set(resident=resident, parked=parked, faulted=faulted)
+        _place_resident(tx, incoming)
     tx.set(
         switch=None,
         switches=s.switches + 1,
@@ -477,11 +487,8 @@ def _side_switch_done(tx: _Tx, switch: Switch, e: ev.SwitchDone) -> None:
     job = switch.incoming
     s = tx.s
     if switch.purpose == "prefetch" and job in s.jobs:
-        tx.set(
-            resident=(*(j for j in s.resident if j != job), job),
-            parked=tuple(j for j in s.parked if j != job),
-            prefetched=(*(j for j in s.prefetched if j != job), job),
-        )
+        _place_resident(tx, job)
+        tx.set(prefetched=(*(j for j in s.prefetched if j != job), job))
     detail = "done" if switch.purpose == "prefetch" else "undone"
     tx.set(switch=None)
     tx.record(Kind.PREFETCH, job, detail, seconds=e.seconds, nbytes=e.moved_bytes)
@@ -536,10 +543,7 @@ def _maybe_parked(tx: _Tx, jobs: tuple[str, ...]) -> None:
     s = tx.s
     moved = [j for j in jobs if j in s.resident and j != s.holder]
     if moved:
-        tx.set(
-            resident=tuple(j for j in s.resident if j not in moved),
-            parked=(*s.parked, *(j for j in moved if j not in s.parked)),
-        )
+        _place_parked(tx, moved)
 
 
 def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
@@ -569,11 +573,7 @@ def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
         return
     s = tx.s
     if switch.incoming in s.jobs:
-        tx.set(
-            faulted={**s.faulted, switch.incoming: e.reason},
-            parked=tuple(j for j in s.parked if j != switch.incoming),
-            resident=tuple(j for j in s.resident if j != switch.incoming),
-        )
+        tx.set(placement=s.placement.with_views(faulted={**s.faulted, switch.incoming: e.reason}))
         tx.record(Kind.FAULTED, switch.incoming, e.reason)
     reason = f"restore of job {switch.incoming!r} failed: {e.reason}; the job is FAULTED"
     _fail_switch(tx, switch, FailedPreconditionError, reason)
@@ -584,11 +584,24 @@ def _park(tx: _Tx, evicted: tuple[str, ...]) -> None:
     s = tx.s
     gone = {j for j in evicted if j in s.jobs}
     if gone:
-        tx.set(
-            resident=tuple(j for j in s.resident if j not in gone),
-            parked=(*s.parked, *(j for j in evicted if j in gone and j not in s.parked)),
-            prefetched=tuple(j for j in s.prefetched if j not in gone),
-        )
+        _place_parked(tx, [j for j in evicted if j in gone])
+        tx.set(prefetched=tuple(j for j in s.prefetched if j not in gone))
+
+
+def _place_resident(tx: _Tx, job: str) -> None:
+    """`job` is on the GPUs now, the most recently used (it leaves any other place)."""
+    s = tx.s
+    resident = (*(j for j in s.resident if j != job), job)
+    tx.set(placement=s.placement.with_views(resident=resident))
+
+
+def _place_parked(tx: _Tx, jobs: list[str]) -> None:
+    """`jobs` are in host DRAM now, after those parked before (leaving any other place)."""
+    s = tx.s
+    parked = s.parked
+    tx.set(
+        placement=s.placement.with_views(parked=(*parked, *(j for j in jobs if j not in parked)))
+    )
 
 
 def _fenced(tx: _Tx, switch: Switch) -> None:
@@ -649,9 +662,9 @@ def _grant(
         holder_since=tx.now,
         yield_requested_at=None,
         epoch=epoch,
-        resident=(*(j for j in s.resident if j != job), job),
         prefetched=tuple(j for j in s.prefetched if j != job),
     )
+    _place_resident(tx, job)
     tx.emit(a.Grant(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes))
     tx.record(Kind.GRANTED, job, phase, seconds=waited)
     _prefetch(tx)
@@ -707,9 +720,7 @@ def _remove(
     fencing = tuple(j for j in s.fencing if j != job)
     tx.set(
         jobs={name: r for name, r in s.jobs.items() if name != job},
-        resident=tuple(j for j in s.resident if j != job),
-        parked=tuple(j for j in s.parked if j != job),
-        faulted={j: r for j, r in s.faulted.items() if j != job},
+        placement=s.placement.without(job),
         preempted=s.preempted - {job},
         fencing=(*fencing, job) if fence else fencing,
         prefetched=tuple(j for j in s.prefetched if j != job),

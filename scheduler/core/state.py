@@ -2,32 +2,18 @@
 
 Every transition builds a new `GroupState` with `dataclasses.replace`; nothing here is ever
 mutated, so a state can be persisted, shown in an event or compared after the fact.
-Where a job stands is derived from one place each: `holder`, `queue`, `resident` (in LRU
-order, least recently used first), `parked` and `faulted`.
+Where a job stands is derived from one place each: `holder`, `queue`, and `placement`, one
+map job -> resident / parked / faulted (so no job is in two places by construction), read
+through the views `resident` (least recently used first), `parked` and `faulted`.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rlslice.config import GroupSpec
-
-
-class Location(enum.StrEnum):
-    """Where a job's device state is, from the scheduler's point of view."""
-
-    IDLE = "idle"
-    """Registered and never ran on the group (no device state anywhere)."""
-    RESIDENT = "resident"
-    """On the GPUs, not holding the lock."""
-    HOLDING = "holding"
-    """On the GPUs and holding the lock."""
-    PARKED = "parked"
-    """In host DRAM."""
-    FAULTED = "faulted"
-    """A restore failed; the next acquire retries it."""
+from rlslice.scheduler.core.placement import EMPTY, Location, Placement, PlacementMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +89,10 @@ class Switch:
 
 @dataclass(frozen=True, slots=True)
 class GroupState:
-    """Everything the scheduler knows about one group."""
+    """Everything the scheduler knows about one group.
+
+    Built with `placement`, or (as stored data and older callers do) with the views
+    `resident`, `parked` and `faulted`, which then override the placement's."""
 
     spec: GroupSpec
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)
@@ -111,11 +100,8 @@ class GroupState:
     holder_since: float = 0.0
     queue: tuple[Waiter, ...] = ()
     """Waiters in arrival order; the policy orders them when one is picked."""
-    resident: tuple[str, ...] = ()
-    """Jobs whose state is on the GPUs (holder included), least recently used first."""
-    parked: tuple[str, ...] = ()
-    faulted: Mapping[str, str] = field(default_factory=dict)
-    """Job -> why its restore failed."""
+    placement: PlacementMap = field(default_factory=lambda: EMPTY)
+    """Job -> where its device state is (jobs never placed are IDLE, not in the map)."""
     epoch: int = 0
     switch: Switch | None = None
     yield_requested_at: float | None = None
@@ -137,22 +123,67 @@ class GroupState:
     (it lost the grant's answer): that client knows it holds, so a late `LostGrant` for the
     same hold is ignored. Cleared when the hold ends."""
 
+    def __init__(
+        self,
+        spec: GroupSpec,
+        jobs: Mapping[str, JobRecord] | None = None,
+        holder: str | None = None,
+        holder_since: float = 0.0,
+        queue: tuple[Waiter, ...] = (),
+        placement: Mapping[str, Placement] | None = None,
+        epoch: int = 0,
+        switch: Switch | None = None,
+        yield_requested_at: float | None = None,
+        preempted: frozenset[str] = frozenset(),
+        switches: int = 0,
+        last_switch_seconds: float = 0.0,
+        last_switch_at: float = 0.0,
+        prefetched: tuple[str, ...] = (),
+        unfit: tuple[str, str] | None = None,
+        fencing: tuple[str, ...] = (),
+        acknowledged: tuple[str, int] | None = None,
+        *,
+        resident: Iterable[str] | None = None,
+        parked: Iterable[str] | None = None,
+        faulted: Mapping[str, str] | None = None,
+    ) -> None:
+        placed = placement if isinstance(placement, PlacementMap) else PlacementMap(placement)
+        if resident is not None or parked is not None or faulted is not None:
+            placed = placed.with_views(resident, parked, faulted)
+        values = (
+            spec, {} if jobs is None else jobs, holder, holder_since, queue, placed, epoch,
+            switch, yield_requested_at, preempted, switches, last_switch_seconds,
+            last_switch_at, prefetched, unfit, fencing, acknowledged,
+        )  # fmt: skip
+        for name, value in zip(GroupState.__slots__, values, strict=True):
+            object.__setattr__(self, name, value)
+
     @property
     def name(self) -> str:
         """The group id."""
         return self.spec.name
 
+    @property
+    def resident(self) -> tuple[str, ...]:
+        """Jobs whose state is on the GPUs (holder included), least recently used first."""
+        return self.placement.resident
+
+    @property
+    def parked(self) -> tuple[str, ...]:
+        """Jobs whose state is in host DRAM, first parked first."""
+        return self.placement.parked
+
+    @property
+    def faulted(self) -> Mapping[str, str]:
+        """Job -> why its restore failed."""
+        return self.placement.faulted
+
     def location(self, job: str) -> Location:
         """Where `job` stands."""
         if job == self.holder:
             return Location.HOLDING
-        if job in self.faulted:
-            return Location.FAULTED
-        if job in self.resident:
-            return Location.RESIDENT
-        if job in self.parked:
-            return Location.PARKED
-        return Location.IDLE
+        placed = self.placement.get(job)
+        return Location.IDLE if placed is None else placed.where
 
     def waiter(self, job: str) -> Waiter | None:
         """The queued acquire of `job`, if any."""
