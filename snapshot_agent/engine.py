@@ -100,6 +100,11 @@ def host_available() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def _check_epoch(epoch: int) -> None:
+    if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
+        raise InvalidArgumentError(f"epoch: {epoch} is outside [0, {MAX_EPOCH}]")
+
+
 class AgentEngine:
     """Jobs on one node and the moves of their device state."""
 
@@ -383,8 +388,7 @@ class AgentEngine:
         """Snapshot or restore `job` on this node for `epoch`; see `state.decide`."""
         validate_id(job, "job")
         validate_id(group, "group")
-        if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
-            raise InvalidArgumentError(f"epoch: {epoch} is outside [0, {MAX_EPOCH}]")
+        _check_epoch(epoch)
         BackendRegistry.check_asked(backend)
         deadline = time.time() + timeout
         task = self._spawn(
@@ -486,8 +490,7 @@ class AgentEngine:
         stays parked, and the reply's `failure` names the half. Refusals (a stale epoch, a
         job in another group, host memory short) raise before anything moves."""
         validate_id(group, "group")
-        if isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
-            raise InvalidArgumentError(f"epoch: {epoch} is outside [0, {MAX_EPOCH}]")
+        _check_epoch(epoch)
         halves = [*outgoing, *([incoming] if incoming is not None else [])]
         for half in halves:
             validate_id(half.job, "job")
