@@ -128,6 +128,41 @@ class AgentNode:
     """The node's sim folder (`<sim root>/<node>`)."""
 
 
+def _scheduler_service(
+    work: Path, store: Path, scheduler_args: Sequence[str], agent_rpc_timeout: float | None
+) -> Service:
+    """`rlslice scheduler` on a free loopback port over the SQLite `store`; with
+    `agent_rpc_timeout`, the soak's own entry point that shortens its deadlines to agents."""
+    port = free_port()
+    command = cli("scheduler")
+    if agent_rpc_timeout is not None:
+        command = [
+            sys.executable,
+            "-m",
+            "rlslice.apps.bench._soak_scheduler",
+            "--agent-rpc-timeout",
+            repr(agent_rpc_timeout),
+            "--agent-status-timeout",
+            repr(min(5.0, agent_rpc_timeout)),
+        ]
+    return Service(
+        "scheduler",
+        [
+            *command,
+            "--address",
+            f"127.0.0.1:{port}",
+            "--store",
+            str(store),
+            "--auto-create-groups",
+            "--shutdown-grace",
+            "1",
+            *scheduler_args,
+        ],
+        f"127.0.0.1:{port}",
+        work / "scheduler.log",
+    )
+
+
 class Cluster:
     """A scheduler process and agent processes, all on loopback, sharing one sim root.
 
@@ -155,34 +190,7 @@ class Cluster:
         self._sockets = Path(tempfile.mkdtemp(prefix="rls-", dir="/tmp"))
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.sim_root = Path(tempfile.mkdtemp(prefix="rlslice-soak-", dir=shm))
-        port = free_port()
-        command = cli("scheduler")
-        if agent_rpc_timeout is not None:
-            command = [
-                sys.executable,
-                "-m",
-                "rlslice.apps.bench._soak_scheduler",
-                "--agent-rpc-timeout",
-                repr(agent_rpc_timeout),
-                "--agent-status-timeout",
-                repr(min(5.0, agent_rpc_timeout)),
-            ]
-        self.scheduler = Service(
-            "scheduler",
-            [
-                *command,
-                "--address",
-                f"127.0.0.1:{port}",
-                "--store",
-                str(self.store),
-                "--auto-create-groups",
-                "--shutdown-grace",
-                "1",
-                *scheduler_args,
-            ],
-            f"127.0.0.1:{port}",
-            work / "scheduler.log",
-        )
+        self.scheduler = _scheduler_service(work, self.store, scheduler_args, agent_rpc_timeout)
         self.agents: dict[str, AgentNode] = {}
         for node in nodes:
             agent_port = free_port()

@@ -103,17 +103,10 @@ def _group_layout(config: SoakConfig) -> tuple[list[str], dict[str, tuple[str, i
 
 async def soak(config: SoakConfig) -> dict[str, Any]:
     """Run a soak; the report (figures and violations) as a dict."""
-    from rlslice.apps.bench._soak_check import check
     from rlslice.apps.bench._soak_cluster import Cluster
     from rlslice.apps.bench._soak_job import EventLog
 
-    temporary = None
-    if config.out is None:
-        temporary = tempfile.TemporaryDirectory(prefix="rlslice-soak-")
-        work = Path(temporary.name)
-    else:
-        work = config.out
-        work.mkdir(parents=True, exist_ok=True)
+    temporary, work = _workdir(config)
     nodes, layout = _group_layout(config)
     devices = max(device for _, device in layout.values()) + 1
     cluster = Cluster(
@@ -127,12 +120,7 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
     log_path.unlink(missing_ok=True)
     run = _Run(config, work, log_path, random.Random(config.seed), cluster, EventLog(str(log_path)))
     if config.partitions:
-        from rlslice.apps.bench._soak_net import Nft, missing
-
-        why = missing()
-        if why is not None:
-            raise SystemExit(f"rlslice bench soak --partitions: {why}")
-        run.nft = Nft().open()
+        run.nft = _open_partitions()
     started = time.monotonic()
     try:
         await cluster.start()
@@ -144,29 +132,61 @@ async def soak(config: SoakConfig) -> dict[str, Any]:
         await _stop_jobs(run)
         await _drain(run)
     finally:
-        for task in run.pending:
-            task.cancel()
-        for job in run.jobs.values():
-            _kill_group(job.process)
-        cluster.close()
-        if run.nft is not None:
-            run.nft.close()  # every rule it added goes with the table
-    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+        _tear_down(run)
+    result = _report(run, started, len(nodes), keep_log=temporary is None)
+    if temporary is not None:
+        temporary.cleanup()
+    return result
+
+
+def _workdir(config: SoakConfig) -> tuple[tempfile.TemporaryDirectory[str] | None, Path]:
+    """`config.out`, made if missing, or a temporary folder (returned too, to clean up)."""
+    if config.out is None:
+        temporary = tempfile.TemporaryDirectory(prefix="rlslice-soak-")
+        return temporary, Path(temporary.name)
+    config.out.mkdir(parents=True, exist_ok=True)
+    return None, config.out
+
+
+def _open_partitions() -> Any:
+    """The run's nftables table; the command stops, saying why, where it cannot have one."""
+    from rlslice.apps.bench._soak_net import Nft, missing
+
+    why = missing()
+    if why is not None:
+        raise SystemExit(f"rlslice bench soak --partitions: {why}")
+    return Nft().open()
+
+
+def _tear_down(run: _Run) -> None:
+    for task in run.pending:
+        task.cancel()
+    for job in run.jobs.values():
+        _kill_group(job.process)
+    run.cluster.close()
+    if run.nft is not None:
+        run.nft.close()  # every rule it added goes with the table
+
+
+def _report(run: _Run, started: float, nodes: int, *, keep_log: bool) -> dict[str, Any]:
+    """The checked event log's figures and violations, the run's own problems among them."""
+    from rlslice.apps.bench._soak_check import check
+
+    lines = run.log_path.read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.strip()]
     report = check(events)
     report.violations.extend(run.problems)
     result = report.as_dict()
     result.update(
         seconds=round(time.monotonic() - started, 1),
-        groups=config.groups,
-        jobs_per_group=config.jobs,
-        nodes=len(nodes),
-        seed=config.seed,
+        groups=run.config.groups,
+        jobs_per_group=run.config.jobs,
+        nodes=nodes,
+        seed=run.config.seed,
         jobs_started=run.generation,
         events=len(events),
-        event_log=str(log_path) if temporary is None else None,
+        event_log=str(run.log_path) if keep_log else None,
     )
-    if temporary is not None:
-        temporary.cleanup()
     return result
 
 
