@@ -13,10 +13,12 @@ import csv
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rlslice.planner import (
     BYTES_PER_GIB,
     PipelineConfig,
+    PipelineResult,
     article_scenario,
     checkpoint_as_dict,
     checkpoint_cadence,
@@ -60,6 +62,12 @@ def _fmt(value: object) -> str:
 
 
 def memory_tables(out: Path) -> None:
+    memory_profiles(out)
+    phase_memory(out)
+    pipeline_table(out)
+
+
+def memory_profiles(out: Path) -> None:
     profiles = {
         "7B / 12-byte full-training profile": model_state_bytes(
             7_000_000_000,
@@ -97,6 +105,9 @@ def memory_tables(out: Path) -> None:
             for name, p in profiles.items()
         ],
     )
+
+
+def phase_memory(out: Path) -> None:
     kv = kv_cache_bytes(64, 4096, 32, 4, 128, 2)
     phases = peak_memory(
         {
@@ -116,6 +127,9 @@ def memory_tables(out: Path) -> None:
             for name, value in phases.phase_totals.items()
         ],
     )
+
+
+def pipeline_table(out: Path) -> None:
     pipe = pipeline_report(rollout_seconds=60.0, train_seconds=20.0, batches=10)
     stragglers = straggler_report([3, 3, 4, 4, 5, 5, 6, 18])
     write_table(
@@ -138,6 +152,13 @@ def pipeline_figures(out: Path, duration: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    results = {name: simulate_pipeline(cfg) for name, cfg in pipeline_configs(duration).items()}
+    pipeline_tables(out, results)
+    queue_figure(out, results, plt)
+    lag_figure(out, results, plt)
+
+
+def pipeline_configs(duration: float) -> dict[str, PipelineConfig]:
     configs = {
         "sequential": PipelineConfig(mode="sequential", duration_seconds=duration, seed=SEED),
         "bounded async / sync every update": PipelineConfig(
@@ -157,7 +178,10 @@ def pipeline_figures(out: Path, duration: float) -> None:
             seed=SEED,
         ),
     }
-    results = {name: simulate_pipeline(cfg) for name, cfg in configs.items()}
+    return configs
+
+
+def pipeline_tables(out: Path, results: Mapping[str, PipelineResult]) -> None:
     write_table(
         out, "pipeline_profiles", [{"profile": n, **result_row(r)} for n, r in results.items()]
     )
@@ -189,6 +213,8 @@ def pipeline_figures(out: Path, duration: float) -> None:
         )
     write_table(out, "lag_and_ess", lag_rows)
 
+
+def queue_figure(out: Path, results: Mapping[str, PipelineResult], plt: Any) -> None:
     fig, ax = plt.subplots(figsize=(9.5, 4.8))
     for name, result in results.items():
         if result.config.mode == "bounded_async":
@@ -208,6 +234,8 @@ def pipeline_figures(out: Path, duration: float) -> None:
     fig.savefig(out / "queue_tokens.png", dpi=110)
     plt.close(fig)
 
+
+def lag_figure(out: Path, results: Mapping[str, PipelineResult], plt: Any) -> None:
     fig, ax = plt.subplots(figsize=(8.6, 4.6))
     for name, result in results.items():
         if name != "sequential":
