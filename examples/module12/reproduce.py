@@ -159,26 +159,21 @@ def pipeline_figures(out: Path, duration: float) -> None:
 
 
 def pipeline_configs(duration: float) -> dict[str, PipelineConfig]:
-    configs = {
+    def bounded_async(max_policy_lag: int, sync_every_updates: int) -> PipelineConfig:
+        return PipelineConfig(
+            mode="bounded_async",
+            duration_seconds=duration,
+            max_queue_tokens=7000,
+            max_policy_lag=max_policy_lag,
+            sync_every_updates=sync_every_updates,
+            seed=SEED,
+        )
+
+    return {
         "sequential": PipelineConfig(mode="sequential", duration_seconds=duration, seed=SEED),
-        "bounded async / sync every update": PipelineConfig(
-            mode="bounded_async",
-            duration_seconds=duration,
-            max_queue_tokens=7000,
-            max_policy_lag=2,
-            sync_every_updates=1,
-            seed=SEED,
-        ),
-        "deeper async / sync every 3 updates": PipelineConfig(
-            mode="bounded_async",
-            duration_seconds=duration,
-            max_queue_tokens=7000,
-            max_policy_lag=6,
-            sync_every_updates=3,
-            seed=SEED,
-        ),
+        "bounded async / sync every update": bounded_async(2, 1),
+        "deeper async / sync every 3 updates": bounded_async(6, 3),
     }
-    return configs
 
 
 def pipeline_tables(out: Path, results: Mapping[str, PipelineResult]) -> None:
