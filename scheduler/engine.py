@@ -17,7 +17,7 @@ import hmac
 import itertools
 import logging
 import secrets
-from collections.abc import Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -408,8 +408,9 @@ class Engine:
             self._drop_group(runtime, transition.actions)
             return transition.actions
         new_holder = False
+        deferred = False
         if after is not before:
-            self._persist(before, after, transition.actions)
+            deferred = self._persist(before, after, transition.actions)
             runtime.state = after
             new_holder = self.waits.update(before, after)
             if len(after.jobs) < len(before.jobs):
@@ -417,8 +418,14 @@ class Engine:
                     if name not in after.jobs:
                         self._leases.pop(record.lease_id, None)
         followups: list[events.Event] = []
+        held: list[actions.Action] = []
         for action in transition.actions:
-            self._execute(runtime, action, now, followups)
+            if deferred and _must_persist(action):
+                held.append(action)  # takes effect once the store has written it
+            else:
+                self._execute(runtime, action, now, followups)
+        if held:
+            self._spawn(self._commit_then(runtime, tuple(held)))
         if after.holder != before.holder:
             self.metrics.set_holder(after.name, after.holder)
         if after.queue is not before.queue:
@@ -433,27 +440,97 @@ class Engine:
 
     def _persist(
         self, before: GroupState, after: GroupState, done: tuple[actions.Action, ...]
-    ) -> None:
+    ) -> bool:
         """Save `after`; a transition that grants or starts a switch is committed first.
-        When the store cannot take it, nothing changes: UnavailableError names the store
-        (callers retry; internal events are applied again later)."""
+        With a sync `commit` (SQLite, memory), when the store cannot take it nothing
+        changes: UnavailableError names the store (callers retry; internal events are
+        applied again later). With an async `commit_group` (Kubernetes) the write cannot
+        finish inside this call: True, and `_apply` holds those actions back until it has
+        (`_commit_then`)."""
         self.store.save_group(after)
-        commit = getattr(self.store, "commit", None)  # background writers have none
-        if commit is None or not any(_must_persist(action) for action in done):
+        if not any(_must_persist(action) for action in done):
             self._note_store()
-            return
+            return False
+        commit = getattr(self.store, "commit", None)
+        if commit is None:
+            if getattr(self.store, "commit_group", None) is not None:
+                return True
+            self._note_store()
+            return False
         try:
             commit()
         except StoreError as error:
             self.store.save_group(before)  # the newest state to write is the old one again
-            self.metrics.store_refusals.inc()
-            self.metrics.store_healthy.set(0)
-            log.warning("group %s: refused, the store cannot persist it: %s", after.name, error)
-            raise UnavailableError(
-                f"store: {error}; the scheduler grants nothing it cannot persist "
-                "(nothing changed; retry)"
-            ) from None
+            self._store_refused(after.name, error)
+            raise UnavailableError(_refusal(error, "nothing changed")) from None
         self.metrics.store_healthy.set(1)
+        return False
+
+    def _store_refused(self, group: str, error: StoreError) -> None:
+        self.metrics.store_refusals.inc()
+        self.metrics.store_healthy.set(0)
+        log.warning("group %s: refused, the store cannot persist it: %s", group, error)
+
+    async def _commit_then(self, runtime: GroupRuntime, held: tuple[actions.Action, ...]) -> None:
+        """Await the store's write of the group, then let the held grants and switches take
+        effect. When the write fails: each held grant's caller fails UNAVAILABLE (naming
+        the store) and the grant is given back; each held switch fails before it moved
+        anything."""
+        name = runtime.state.name
+        commit: Callable[[str], Awaitable[None]] = self.store.commit_group  # type: ignore[attr-defined]
+        try:
+            await commit(name)
+        except StoreError as error:
+            self._store_refused(name, error)
+            if self.groups.get(name) is runtime and not self._closed:
+                self._undo_held(runtime, held, _refusal(error, "not granted"))
+            return
+        self.metrics.store_healthy.set(1)
+        if self.groups.get(name) is not runtime or self._closed:
+            return
+        followups: list[events.Event] = []
+        for action in held:
+            if self._still_due(runtime, action):
+                self._execute(runtime, action, self.clock(), followups)
+        for followup in followups:
+            if self.groups.get(name) is runtime:
+                self._apply(runtime, followup)
+
+    def _still_due(self, runtime: GroupRuntime, action: actions.Action) -> bool:
+        """Whether a held grant or switch may still take effect now that it is stored:
+        later events (a lapse, a cancel, a deletion) may have overtaken it meanwhile."""
+        state = runtime.state
+        if isinstance(action, actions.StartSwitch):
+            return state.switch is not None and state.switch.epoch == action.switch.epoch
+        if not isinstance(action, actions.Grant):
+            return True
+        if state.holder == action.job and state.epoch == action.epoch:
+            if action.ticket is None or action.ticket in runtime.calls:
+                return True
+            self.lost_grant(state.name, action.job, action.epoch)  # its caller left meanwhile
+            return False
+        future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
+        if future is not None and not future.done():
+            future.set_exception(UnavailableError("grant overtaken while it was stored; retry"))
+        return False
+
+    def _undo_held(
+        self, runtime: GroupRuntime, held: tuple[actions.Action, ...], message: str
+    ) -> None:
+        for action in held:
+            if isinstance(action, actions.Grant):
+                future = runtime.calls.pop(action.ticket, None) if action.ticket else None
+                if future is not None and not future.done():
+                    future.set_exception(UnavailableError(message))
+                undo: events.Event = events.LostGrant(action.job, action.epoch)
+            elif isinstance(action, actions.StartSwitch):
+                undo = events.SwitchFailed(action.switch.epoch, message, UnavailableError)
+            else:  # pragma: no cover - only grants and switches are held
+                continue
+            try:
+                self._apply(runtime, undo)
+            except UnavailableError as error:
+                log.warning("group %s: undoing an unwritten change: %s", runtime.state.name, error)
 
     def _note_store(self) -> None:
         self.metrics.store_healthy.set(0 if getattr(self.store, "error", None) else 1)
@@ -613,6 +690,10 @@ class Engine:
         for name, runtime in list(self.groups.items()):
             holding = runtime.state.holder_since if runtime.state.holder else None
             yield name, runtime.busy.fraction(now, holding)
+
+
+def _refusal(error: StoreError, outcome: str) -> str:
+    return f"store: {error}; the scheduler grants nothing it cannot persist ({outcome}; retry)"
 
 
 def _must_persist(action: actions.Action) -> bool:

@@ -14,9 +14,14 @@ returns once everything recorded is written.
 When the API server refuses or does not answer (409 from a create race, 429 or 503 with
 Retry-After, 500, a timeout), the write is retried with a backoff (at least the server's
 Retry-After, at most 5 s) and `error` says why until a write succeeds again (the
-scheduler's `rlslice_scheduler_store_healthy` gauge reads it). The store has no `commit()`:
-an HTTP write cannot finish inside the engine's synchronous commit, so with this store a
-grant does not wait for its state to be written.
+scheduler's `rlslice_scheduler_store_healthy` gauge reads it).
+
+A grant, or a switch that starts moving state, must be stored before it takes effect: the
+engine awaits `commit_group(name)`, which writes that group's newest state at once (a 409
+from a create race is retried on the object the other writer made; 429, 500 and timeouts
+fail it) and raises `StoreError` naming the store when the write fails. Writes of one group
+are serialized (a lock per group), so a slower background write never lands after, and
+over, a commit's newer state.
 
 `fence` (set by leader election) is asked before every write: a replica that lost the
 Lease writes nothing more (its unwritten states are dropped with an error in the log), so
@@ -36,7 +41,7 @@ from typing import Any
 
 from rlslice.adapters.kube import KubeAPI, KubeError, namespace_in_cluster
 from rlslice.scheduler.core import GroupState
-from rlslice.scheduler.store.base import AgentRecord, Loaded
+from rlslice.scheduler.store.base import AgentRecord, Loaded, StoreError
 from rlslice.scheduler.store.codec import decode_group, encode_group
 
 log = logging.getLogger(__name__)
@@ -61,6 +66,7 @@ class KubernetesStore:
         self._idle = asyncio.Event()
         self._idle.set()
         self._writer: asyncio.Task[None] | None = None
+        self._locks: dict[str, asyncio.Lock] = {}  # per group: one write at a time
         self._closed = False
         self.error: str | None = None
         """Why the last write failed; None once a write succeeded."""
@@ -149,6 +155,43 @@ class KubernetesStore:
         self._agents_dirty = True
         self._kick()
 
+    async def commit_group(self, name: str) -> None:
+        """Write group `name`'s newest saved state now (nothing to do when the background
+        writer has written it already). Raises `StoreError` when the API server refuses or
+        does not answer; the state stays queued for the background writer."""
+        async with self._lock(name):
+            if name not in self._dirty:
+                return
+            if self.fence is not None and not self.fence():
+                raise StoreError(f"{self._describe(name)}: not leading any more")
+            state = self._dirty[name]
+            try:
+                await self._write_group_once_more_on_conflict(name, state)
+            except KubeError as error:
+                self.error = str(error)
+                raise StoreError(f"{self._describe(name)}: {error}") from None
+            if self._dirty.get(name) is state:  # not replaced meanwhile
+                del self._dirty[name]
+            self.error = None
+
+    def _describe(self, name: str) -> str:
+        return f"kubernetes store (ConfigMap {self.namespace}/{self._group_object(name)})"
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    async def _write_group_once_more_on_conflict(self, name: str, state: GroupState | None) -> None:
+        try:
+            await self._write_group(name, state)
+        except KubeError as error:
+            if error.status != 409:
+                raise
+            # A create race: the other writer's object exists now; patch that one.
+            await self._write_group(name, state)
+
     async def flush(self) -> None:
         while self._dirty or self._agents_dirty or not self._idle.is_set():
             self._kick()
@@ -211,10 +254,14 @@ class KubernetesStore:
 
     async def _write_once(self) -> None:
         if self._dirty:
-            name, state = next(iter(self._dirty.items()))
-            await self._write_group(name, state)
-            if self._dirty.get(name) is state:  # not replaced meanwhile
-                del self._dirty[name]
+            name = next(iter(self._dirty))
+            async with self._lock(name):
+                if name not in self._dirty:
+                    return  # a commit wrote it while this waited
+                state = self._dirty[name]
+                await self._write_group(name, state)
+                if self._dirty.get(name) is state:  # not replaced meanwhile
+                    del self._dirty[name]
             return
         self._agents_dirty = False
         data = {

@@ -9,20 +9,35 @@ Case matrix
   patches the object the other writer made;
 - PATCH that never answers (a hung server): the client's deadline ends it, the retry lands;
 - a fence that says "not leading": nothing is written, flush returns, `error` says so.
+
+Commit before grant (the engine awaits `commit_group` before a grant takes effect):
+- a grant is answered only once its group's ConfigMap holds it;
+- a write answered 500 fails the acquire UNAVAILABLE naming the store's ConfigMap (each
+  attempt of its switch counted as a store refusal), the group not held; once the server recovers the next acquire is
+  granted and stored;
+- `commit_group` retries a create race (409) on the winner's object, and fails at once on
+  429, 500 and a hung server (the client's deadline).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 import kmock
 import pytest
 
+from rlslice._errors import UnavailableError
 from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
-from rlslice.scheduler.core import GroupState
+from rlslice.scheduler.core import MAX_SWITCH_ATTEMPTS, GroupState
+from rlslice.scheduler.engine import Engine
+from rlslice.scheduler.metrics import SchedulerMetrics
+from rlslice.scheduler.store import StoreError
 from rlslice.scheduler.store.kubernetes import KubernetesStore
 
 from .conftest import NS
@@ -123,3 +138,116 @@ async def test_a_replica_that_lost_the_lease_writes_nothing(
     assert [r for r in cluster if r.method in ("PATCH", "POST")] == []
     assert store.error is not None
     assert "not leading" in store.error
+
+
+# -- commit before grant ------------------------------------------------------------------
+
+
+class _NoAgents:
+    """No agents: every switch is a pure lock handoff."""
+
+    def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
+        return ()
+
+    async def run_switch(self, state: GroupState, switch: Any) -> Any:
+        raise AssertionError("no agents, no switches")
+
+    async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
+        return None
+
+    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
+        return {}
+
+
+@contextlib.asynccontextmanager
+async def _engine(cluster: kmock.KubernetesEmulator) -> AsyncIterator[Engine]:
+    store = KubernetesStore(KubeAPI(str(cluster.url), timeout=5), NS, "t")
+    metrics = SchedulerMetrics()
+    engine = Engine(store, _NoAgents(), metrics, auto_create_groups=True)
+    await engine.start()
+    engine.recover()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+        await store.close()
+        metrics.close()
+
+
+def _stored(cluster: kmock.KubernetesEmulator) -> dict[str, Any]:
+    return dict(json.loads(cluster.objects["v1/configmaps", NS, NAME]["data"]["state"]))
+
+
+def _refusals(engine: Engine) -> float:
+    value = engine.metrics.registry.get_sample_value("rlslice_scheduler_store_refusals_total")
+    return float(value or 0.0)
+
+
+async def test_a_grant_is_answered_only_once_its_configmap_holds_it(
+    cluster: kmock.KubernetesEmulator,
+) -> None:
+    async with _engine(cluster) as engine:
+        a = engine.register("g1", "a", 30, None, None, 0)
+        grant = await engine.acquire("g1", "a", a.lease_id, a.secret, "")
+        stored = _stored(cluster)  # read at once: no flush in between
+        assert (stored["holder"], stored["epoch"]) == ("a", grant.epoch)
+
+
+async def test_a_grant_the_store_cannot_write_fails_unavailable_naming_the_store(
+    cluster: kmock.KubernetesEmulator,
+) -> None:
+    down = {"on": False}
+    cluster[f"patch {CONFIGMAPS}/{NAME}"][lambda: down["on"]] << 500
+    async with _engine(cluster) as engine:
+        a = engine.register("g1", "a", 30, None, None, 0)
+        await engine.store.flush()
+        down["on"] = True
+        try:
+            with pytest.raises(UnavailableError) as caught:
+                await engine.acquire("g1", "a", a.lease_id, a.secret, "")
+        finally:
+            down["on"] = False
+        assert "kubernetes store" in str(caught.value)
+        assert NAME in str(caught.value)
+        assert "HTTP 500" in str(caught.value)
+        assert engine.groups["g1"].state.holder is None
+        # The job's first switch (lock only: no agents) is tried twice, refused each time.
+        assert _refusals(engine) == MAX_SWITCH_ATTEMPTS
+        grant = await engine.acquire("g1", "a", a.lease_id, a.secret, "")
+        assert (_stored(cluster)["holder"], _stored(cluster)["epoch"]) == ("a", grant.epoch)
+
+
+async def test_a_commit_retries_a_create_race_on_the_winners_object(
+    cluster: kmock.KubernetesEmulator,
+) -> None:
+    cluster[f"post {CONFIGMAPS}"][:1] << 409
+    store = KubernetesStore(KubeAPI(str(cluster.url)), NS, "t")
+    store.save_group(_state(5))
+    await store.commit_group("g1")  # takes the group's lock before the writer runs
+    assert _stored_epoch(cluster) == 5
+    assert store.error is None
+    await store.close()
+
+
+@pytest.mark.parametrize("status", [429, 500, None], ids=["429", "500", "hung"])
+async def test_a_commit_fails_at_once_when_the_server_refuses_or_hangs(
+    cluster: kmock.KubernetesEmulator, status: int | None
+) -> None:
+    await _seed(cluster)
+    released = asyncio.Event()
+
+    async def hang() -> None:
+        await released.wait()
+
+    cluster[f"patch {CONFIGMAPS}/{NAME}"][1:2] << (hang if status is None else status)
+    store = KubernetesStore(KubeAPI(str(cluster.url), timeout=0.3), NS, "t")
+    store.save_group(_state(8))
+    try:
+        with pytest.raises(StoreError, match=NAME) as caught:
+            await store.commit_group("g1")
+    finally:
+        released.set()
+    assert f"HTTP {status or 0}" in str(caught.value)
+    assert store.error is not None
+    await store.close()  # the background writer lands it after all
+    assert _stored_epoch(cluster) == 8
