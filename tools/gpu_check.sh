@@ -7,16 +7,21 @@
 # (adds the CLI comparison). Run from the repository root:
 #
 #     OUT=/some/dir tools/gpu_check.sh
+#     DRY_RUN=1 tools/gpu_check.sh     # no GPU needed: checks every step's command against
+#                                      # today's CLI (argument parsing, pytest collection)
+#                                      # and the time budget, runs nothing
 #
 # Steps, each under its own `timeout`, each going on when an earlier one failed:
-#   1. versions (driver, GPU, persistence mode, torch, cuda-bindings, pynvml, rlslice probe)
+#   1. versions (driver, GPU, persistence mode, torch, cuda-bindings, pynvml, rlslice probe:
+#      the probe's cuda line says which copy path the node gets and why)
 #   2. pytest -m gpu on tests/system/gpu/test_on_device.py       -> $OUT/pytest_gpu.txt, .xml
 #   3. rlslice bench swap --backend app --gib 20 --overlap --json
 #      (serial and overlapped switches next to pinned D2H/H2D of the same bytes, measured in
 #      the same run; losses bit-identical)                -> $OUT/bench_app.json
-#   4. rlslice bench swap --backend cuda --gib 4 --json [--compare-cli]; the probe in step 1
-#      says whether the driver offers custom storage (driver 580 does not; the agent's own
-#      pinned-ring path is not built yet either way)      -> $OUT/bench_cuda.json
+#   4. rlslice bench swap --backend cuda --gib 4 --json [--compare-cli]: where the driver
+#      offers custom storage (CUDA 13.4+), the swaps go through the agent's pinned ring and
+#      the same job is then moved through the driver's pageable path, side by side (target
+#      >= 5x); driver 580 lacks it, and the report says so  -> $OUT/bench_cuda.json
 #   5. examples/grpo_tiny/compare.py --device cuda --backend app
 #      (two GRPO jobs alone vs time-sliced, bit-identical)  -> $OUT/grpo_app.json
 # The transparent PyTorch path (MemorySaverOffloader over torch-memory-saver) runs in step 2
@@ -29,26 +34,66 @@ OUT="${OUT:-./gpu-check-out}"
 PY="${PYTHON:-python3}"
 GIB="${GIB:-20}"
 CUDA_GIB="${CUDA_GIB:-4}"
+DRY_RUN="${DRY_RUN:-0}"
 mkdir -p "$OUT"
 export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.." || exit 2
 : > "$OUT/summary.txt"
 
+# Timeouts (seconds). The worst case, every step at its timeout plus the kill grace, must
+# stay under 8 minutes: checked below, before anything runs.
+KILL=5
+T_VERSIONS=75   # nvidia-smi 10 + python 25 + cuda-checkpoint 10 + probe 30
+T_PIP=15
+T_PYTEST=80
+T_BENCH_APP=120
+T_BENCH_CUDA=100
+T_GRPO=60
+WORST=$((T_VERSIONS + T_PIP + T_PYTEST + T_BENCH_APP + T_BENCH_CUDA + T_GRPO + 4 * KILL))
+if [ "$WORST" -ge 480 ]; then
+  echo "gpu_check: the steps' timeouts add up to ${WORST}s, not under 8 minutes" >&2
+  exit 2
+fi
+echo "worst case ${WORST}s" >> "$OUT/summary.txt"
+
+dry_check() {  # dry_check COMMAND... : would today's CLI accept it?
+  case " $* " in
+    *" rlslice.apps.cli "*)
+      local args=("$@")
+      while [ "${args[0]}" != "rlslice.apps.cli" ]; do args=("${args[@]:1}"); done
+      "$PY" -c 'import sys; from rlslice.apps.cli import build_parser; build_parser().parse_args(sys.argv[1:])' \
+        "${args[@]:1}" ;;
+    *" pytest "*)
+      "$PY" -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/system/gpu/test_on_device.py > /dev/null ;;
+    *" examples/"*)
+      local script
+      for script in "$@"; do case $script in examples/*) break ;; esac; done
+      "$PY" "$script" --help > /dev/null ;;
+    *) return 0 ;;
+  esac
+}
+
 step() {  # step NAME SECONDS COMMAND... : run with a timeout, record the status
   local name=$1 seconds=$2
   shift 2
   echo "=== $name (timeout ${seconds}s): $*" >&2
-  local start=$SECONDS
-  timeout --kill-after=10 "$seconds" "$@"
-  local rc=$?
+  local start=$SECONDS rc
+  if [ "$DRY_RUN" = 1 ]; then
+    dry_check "$@"
+    rc=$?
+    echo "$name dry-run rc=$rc" | tee -a "$OUT/summary.txt" >&2
+    return 0
+  fi
+  timeout --kill-after="$KILL" "$seconds" "$@"
+  rc=$?
   echo "$name rc=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt" >&2
   return 0
 }
 
 versions() {
   date -u
-  timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,pcie.link.gen.current,pcie.link.width.current --format=csv || true
-  timeout 60 "$PY" - <<'EOF'
+  timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,pcie.link.gen.current,pcie.link.width.current --format=csv || true
+  timeout 25 "$PY" - <<'EOF'
 import platform
 print("python", platform.python_version())
 try:
@@ -73,36 +118,40 @@ except Exception as error:
 import rlslice
 print("rlslice", rlslice.__version__)
 EOF
-  command -v cuda-checkpoint && timeout 20 cuda-checkpoint --help | head -3
-  timeout 60 "$PY" -m rlslice.apps.cli probe || true
+  command -v cuda-checkpoint && timeout 10 cuda-checkpoint --help | head -3
+  timeout 30 "$PY" -m rlslice.apps.cli probe || true
 }
 
 echo "=== versions"
-versions 2>&1 | tee "$OUT/versions.txt"
+if [ "$DRY_RUN" = 1 ]; then
+  step probe "$T_VERSIONS" "$PY" -m rlslice.apps.cli probe
+else
+  versions 2>&1 | tee "$OUT/versions.txt"
+fi
 
-if ! "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null; then
+if ! "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null && [ "$DRY_RUN" != 1 ]; then
   echo "pytest / pytest-asyncio missing: trying pip (skip the step if that fails)"
-  timeout 60 "$PY" -m pip install -q pytest pytest-asyncio pytest-timeout || true
+  timeout "$T_PIP" "$PY" -m pip install -q pytest pytest-asyncio pytest-timeout || true
 fi
 if "$PY" -c "import pytest, pytest_asyncio" 2>/dev/null; then
-  step pytest_gpu 100 "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
+  step pytest_gpu "$T_PYTEST" "$PY" -m pytest -m gpu -v -rs -p no:cacheprovider \
     --junitxml="$OUT/pytest_gpu.xml" tests/system/gpu/test_on_device.py 2>&1 | tee "$OUT/pytest_gpu.txt"
 else
   echo "pytest_gpu rc=skipped (pytest not installed)" | tee -a "$OUT/summary.txt"
 fi
 
-step bench_app 140 "$PY" -m rlslice.apps.cli bench swap --backend app --gib "$GIB" --overlap \
+step bench_app "$T_BENCH_APP" "$PY" -m rlslice.apps.cli bench swap --backend app --gib "$GIB" --overlap \
   --swaps 4 --json > "$OUT/bench_app.json"
-cat "$OUT/bench_app.json"
+[ "$DRY_RUN" = 1 ] || cat "$OUT/bench_app.json"
 
 CLI=()
 if command -v cuda-checkpoint > /dev/null; then CLI=(--compare-cli); fi
-step bench_cuda 90 "$PY" -m rlslice.apps.cli bench swap --backend cuda --gib "$CUDA_GIB" --json \
+step bench_cuda "$T_BENCH_CUDA" "$PY" -m rlslice.apps.cli bench swap --backend cuda --gib "$CUDA_GIB" --json \
   "${CLI[@]}" > "$OUT/bench_cuda.json"
-cat "$OUT/bench_cuda.json"
+[ "$DRY_RUN" = 1 ] || cat "$OUT/bench_cuda.json"
 
-step grpo_app 120 "$PY" examples/grpo_tiny/compare.py --device cuda --backend app \
-  --steps 20 --json "$OUT/grpo_app.json" 2>&1 | tail -8
+step grpo_app "$T_GRPO" "$PY" examples/grpo_tiny/compare.py --device cuda --backend app \
+  --steps 10 --json "$OUT/grpo_app.json" 2>&1 | tail -8
 
 echo "total seconds=$SECONDS" >> "$OUT/summary.txt"
 echo "=== summary ($OUT)"
