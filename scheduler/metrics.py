@@ -81,7 +81,16 @@ class SchedulerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self._define_timings(self.registry)
+        self._define_group_series(self.registry)
+        self._define_health(self.registry)
+        self._holders: dict[str, str] = {}
+        self.registry.register(_HolderCollector(self._holders))
+        self._series: dict[str, _GroupSeries] = {}
+        self._endpoint: MetricsEndpoint | None = None
+
+    def _define_timings(self, r: CollectorRegistry) -> None:
+        """How long acquires wait and switches take, and what they move."""
         self.acquire_wait = Histogram(
             "rlslice_scheduler_acquire_wait_seconds",
             "Seconds from Acquire to grant",
@@ -97,6 +106,9 @@ class SchedulerMetrics:
         self.moved_bytes = Counter(
             "rlslice_scheduler_moved_bytes", "Device bytes moved by switches", registry=r
         )
+
+    def _define_group_series(self, r: CollectorRegistry) -> None:
+        """The per-group series (labelled by group, some by outcome)."""
         self.queue_depth = Gauge(
             "rlslice_scheduler_queue_depth", "Waiters per group", ["group"], registry=r
         )
@@ -119,6 +131,16 @@ class SchedulerMetrics:
             ["group", "outcome"],
             registry=r,
         )
+        self.lock_only = Counter(
+            "rlslice_scheduler_lock_only_registrations",
+            "Jobs registered while no agent of their group knew them: they take turns on the "
+            "lock, but their switches move nothing of them",
+            ["group"],
+            registry=r,
+        )
+
+    def _define_health(self, r: CollectorRegistry) -> None:
+        """The store's health and what the scheduler knows of (groups, agents)."""
         self.store_refusals = Counter(
             "rlslice_scheduler_store_refusals",
             "Transitions refused (UNAVAILABLE) or retried because the store could not persist "
@@ -133,17 +155,6 @@ class SchedulerMetrics:
         self.store_healthy.set(1)
         self.groups = Gauge("rlslice_scheduler_groups", "Groups known", registry=r)
         self.agents = Gauge("rlslice_scheduler_agents", "Agents registered", registry=r)
-        self.lock_only = Counter(
-            "rlslice_scheduler_lock_only_registrations",
-            "Jobs registered while no agent of their group knew them: they take turns on the "
-            "lock, but their switches move nothing of them",
-            ["group"],
-            registry=r,
-        )
-        self._holders: dict[str, str] = {}
-        r.register(_HolderCollector(self._holders))
-        self._series: dict[str, _GroupSeries] = {}
-        self._endpoint: MetricsEndpoint | None = None
 
     def watch_busy(self, source: Callable[[], Iterable[tuple[str, float]]]) -> None:
         """Report busy fractions from `source` (group, fraction) at every scrape."""
