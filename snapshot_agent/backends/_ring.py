@@ -107,7 +107,8 @@ class PinnedPool:
         self.chunk = chunk
         self._reserve = reserve
         self._available = host_available
-        self._pending = pending
+        self.pending = pending
+        """Bytes moves under way still have to park (set by the backend that owns the pool)."""
         self._idle: list[int] = []
         self._leased = 0
         self._free_fn: Callable[[int], None] | None = None
@@ -129,7 +130,7 @@ class PinnedPool:
             self.chunk,
             host_available=self._available(),
             reserve=self._reserve,
-            pending=self._pending(),
+            pending=self.pending(),
         )
 
     @contextlib.contextmanager

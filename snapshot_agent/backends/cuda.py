@@ -598,7 +598,7 @@ class CudaBackend(MoverBackend):
 
     def _custom(self, driver: Driver) -> CustomStorage:
         custom = CustomStorage(self._module_or_load(), driver.check, self.pool, self.ring)
-        self.pool._pending = custom.pending_bytes  # parked bytes still to come count too
+        self.pool.pending = custom.pending_bytes  # parked bytes still to come count too
         return custom
 
     def _module_or_load(self) -> Any:
@@ -616,6 +616,10 @@ class CudaBackend(MoverBackend):
         return self.pool.total_bytes
 
     async def release(self, job: JobHandle) -> int:
+        try:
+            self._get_mover()  # after an agent restart the store may hold the job's copy
+        except BackendError:
+            return await super().release(job)
         if self._driver is not None and self._driver.custom is not None:
             for pid in job.pids:
                 self._driver.custom.drop(pid)  # a copy parked in this agent's store

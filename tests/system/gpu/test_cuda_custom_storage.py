@@ -170,12 +170,16 @@ async def test_a_restarted_agent_restores_from_the_store(tmp_path: Path) -> None
     assert driver.contents(11) == original
 
 
-async def test_release_drops_the_stored_copy(tmp_path: Path) -> None:
-    driver = fakes.FakeCustomDriver({11: [data(9, CHUNK)]})
+async def test_release_drops_the_stored_copy_even_after_a_restart(tmp_path: Path) -> None:
+    driver = fakes.FakeCustomDriver({11: [data(9, CHUNK)], 12: [data(10, CHUNK)]})
     backend, store = make(tmp_path, driver)
     await backend.snapshot(job(11), deadline=soon())
+    await backend.snapshot(job(12), deadline=soon())
     await backend.release(job(11))
     assert not (store / "11").exists()
+    restarted, _ = make(tmp_path, driver)
+    await restarted.release(job(12))
+    assert not (store / "12").exists()
 
 
 @pytest.mark.parametrize(
