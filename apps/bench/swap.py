@@ -550,7 +550,7 @@ def _train(job: _Job, steps: int, batch: int = 256) -> list[str]:
         x = job.ballast[start : start + batch]
         loss = torch.nn.functional.mse_loss(job.model(x), x.flip(1))
         job.optimizer.zero_grad(set_to_none=False)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         job.optimizer.step()
         with torch.no_grad():  # the ballast is state too: training writes it
             job.ballast[start : start + batch].mul_(0.5).add_(job.model(x), alpha=0.5)

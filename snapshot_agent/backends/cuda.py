@@ -301,12 +301,17 @@ class CustomStorage:
         )
 
     def _through_ring(
-        self, region: _ring.Region, move: Callable[[list[int]], None], timeout: float
+        self,
+        copy: Callable[..., None],
+        region: _ring.Region,
+        data: Callable[[int, memoryview], None],
+        timeout: float,
     ) -> None:
+        """`copy` (`_ring.copy_out` or `copy_in`) of one region through leased buffers."""
         ctx = self._check("context", 0, self._d.cuStreamGetCtx(region.stream))
         self._check("context", 0, self._d.cuCtxSetCurrent(ctx))
         with self.pool.lease(self.config.buffers, self.copier, timeout=timeout) as buffers:
-            move(buffers)
+            copy(self.copier, region, buffers, self.config.chunk, data)
 
     def checkpoint(self, pid: int, deadline: float) -> None:
         """LOCKED -> CHECKPOINTED, the bytes in this agent's store."""
@@ -319,16 +324,11 @@ class CustomStorage:
             self._pending += total
         files: list[_ring.RegionFile] = []
         reached = 0
-        chunk = self.config.chunk
         try:
             for reached, region in enumerate(regions):
                 file = _ring.RegionFile(folder / f"dev{reached}.bin", region.size, create=True)
                 files.append(file)
-                self._through_ring(
-                    region,
-                    lambda b, r=region, f=file: _ring.copy_out(self.copier, r, b, chunk, f.write),
-                    deadline - time.time(),
-                )
+                self._through_ring(_ring.copy_out, region, file.write, deadline - time.time())
         except (_ring.ChunkError, TimeoutError, OSError) as error:
             self._roll_back_checkpoint(pid, handle, regions, files, reached, error)
         finally:
@@ -396,18 +396,13 @@ class CustomStorage:
         folder = self._folder(pid)
         sizes = json.loads((folder / "meta.json").read_text())["sizes"]
         handle, regions = self._begin("restore", pid, "CUcheckpointRestoreArgs")
-        chunk = self.config.chunk
         try:
             if [r.size for r in regions] != sizes:
                 raise OSError(f"the driver maps {[r.size for r in regions]} bytes, {sizes} stored")
             for index, region in enumerate(regions):
                 file = _ring.RegionFile(folder / f"dev{index}.bin", region.size, create=False)
                 try:
-                    self._through_ring(
-                        region,
-                        lambda b, r=region, f=file: _ring.copy_in(self.copier, r, b, chunk, f.read),
-                        deadline - time.time(),
-                    )
+                    self._through_ring(_ring.copy_in, region, file.read, deadline - time.time())
                 finally:
                     file.close()
         except (_ring.ChunkError, TimeoutError, OSError) as error:
