@@ -1,9 +1,12 @@
 """The engine: drives the pure core for every group, on one asyncio loop.
 
 It owns what the core must not: the clock, asyncio futures for blocked acquires, one timer
-per group set at the group's next deadline (never a polling loop), the lease index, the
-event ring and watchers, persistence after every accepted event, and the coordinator that
-executes switches. It speaks rlslice errors, not gRPC: `service.py` translates.
+per group set at the group's next deadline (never a polling loop), the event ring,
+persistence after every accepted event (a grant or switch start committed before it takes
+effect), and the coordinator that executes switches. What changes for reasons of its own
+lives beside it: the lease index (`_leases.py`), the watch fan-out (`_watch.py`) and what
+transitions mean for the metrics (`_engine_metrics.py`). It speaks rlslice errors, not
+gRPC: `service.py` translates.
 
 Every public method runs on the loop thread; `_apply` is synchronous, so a transition, its
 persistence and its actions happen without interleaving.
@@ -12,8 +15,6 @@ persistence and its actions happen without interleaving.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import itertools
 import logging
 import secrets
@@ -23,15 +24,16 @@ from typing import Any, Protocol
 
 from rlslice._errors import (
     AbortedError,
-    FailedPreconditionError,
     NotFoundError,
-    PermissionDeniedError,
     ResourceExhaustedError,
     UnavailableError,
 )
 from rlslice.config import GroupSpec
+from rlslice.scheduler import _engine_metrics as metered
+from rlslice.scheduler._leases import LeaseIndex, hash_secret
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
 from rlslice.scheduler._waits import WaitIndex, actor
+from rlslice.scheduler._watch import WatchHub
 from rlslice.scheduler.capacity import register_refusal
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import (
@@ -75,11 +77,6 @@ class SwitchRunner(Protocol):
         ...
 
 
-def hash_secret(secret: str) -> str:
-    """The stored form of a lease secret (high-entropy, so a plain SHA-256 suffices)."""
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class Registration:
     """What Register answers."""
@@ -113,14 +110,13 @@ class Engine:
         self.clock = clock if clock is not None else LoopClock()
         """The one clock: state's Unix times and the timers both read the loop's time."""
         self._ring_size = ring_size
-        self._watch_queue_size = watch_queue_size
         self.groups: dict[str, GroupRuntime] = {}
-        self._leases: dict[str, tuple[str, str]] = {}  # lease id -> (group, job)
+        self._leases = LeaseIndex()
+        self._watch = WatchHub(watch_queue_size)
         self.waits = WaitIndex()
         """Who holds and who waits across groups, for the deadlock check."""
         self._tickets = itertools.count(1)
         self._seq = itertools.count(1)
-        self._global_watchers: set[asyncio.Queue[EventEntry | None]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self.ready = False
@@ -138,10 +134,8 @@ class Engine:
             runtime = GroupRuntime(state, EventRing(self._ring_size))
             self.groups[name] = runtime
             self.waits.update(None, state)
-            self.metrics.set_queue_depth(name, len(state.queue))
-            self.metrics.set_holder(name, state.holder)
-            for record in state.jobs.values():
-                self._leases[record.lease_id] = (name, record.name)
+            metered.load_group(self.metrics, state)
+            self._leases.add_group(state)
         self.metrics.groups.set(len(self.groups))
         for spec in initial_groups:
             self.put_group(spec)
@@ -163,10 +157,7 @@ class Engine:
                 if not future.done():
                     future.set_exception(UnavailableError("scheduler: shutting down"))
             runtime.calls.clear()
-            for queue in runtime.watchers:
-                _offer(queue, None)
-        for queue in self._global_watchers:
-            _offer(queue, None)
+        self._watch.close(self.groups.values())
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -198,7 +189,7 @@ class Engine:
             job, lease_id, hash_secret(secret), seconds, priority, weight, device_bytes, session
         )
         self._apply(runtime, event)
-        self._leases[lease_id] = (group, job)
+        self._leases.add(lease_id, group, job)
         return Registration(lease_id, secret, seconds, runtime.state.epoch)
 
     async def check_capacity(self, group: str, job: str, device_bytes: int) -> None:
@@ -224,31 +215,13 @@ class Engine:
 
     def lease(self, lease_id: str, secret: str) -> tuple[GroupRuntime, JobRecord]:
         """The live lease `lease_id`, once `secret` proves the caller owns it."""
-        owner = self._leases.get(lease_id)
-        runtime = self.groups.get(owner[0]) if owner else None
-        record = runtime.state.jobs.get(owner[1]) if runtime and owner else None
-        if runtime is None or record is None or record.lease_id != lease_id:
-            raise NotFoundError(
-                "lease_id: no live lease with this id (it lapsed, was closed, or never existed)"
-            )
-        if not hmac.compare_digest(record.secret_hash, hash_secret(secret)):
-            raise PermissionDeniedError("secret: does not match the lease")
-        return runtime, record
+        return self._leases.find(self.groups, lease_id, secret)
 
     def job_lease(
         self, group: str, job: str, lease_id: str, secret: str
     ) -> tuple[GroupRuntime, JobRecord]:
         """Like `lease`, and the lease must be `job`'s in `group`."""
-        if group not in self.groups:
-            raise NotFoundError(f"group: {group!r} does not exist")
-        runtime, record = self.lease(lease_id, secret)
-        if record.name != job:
-            raise PermissionDeniedError(f"lease_id: the lease belongs to another job, not {job!r}")
-        if runtime.state.name != group:
-            raise FailedPreconditionError(
-                f"group: job {job!r} is not registered in group {group!r} under this lease"
-            )
-        return runtime, record
+        return self._leases.find_job(self.groups, group, job, lease_id, secret)
 
     def keepalive(self, lease_id: str, secret: str) -> tuple[float, bool, float]:
         """Renew a lease; (ttl, yield requested, seconds before preemption)."""
@@ -378,18 +351,11 @@ class Engine:
 
     def watch(self, group: str) -> asyncio.Queue[EventEntry | None]:
         """A queue of the events of `group` ("" for all); None marks the end."""
-        queue: asyncio.Queue[EventEntry | None] = asyncio.Queue(self._watch_queue_size)
-        if group:
-            self.group(group).watchers.add(queue)
-        else:
-            self._global_watchers.add(queue)
-        return queue
+        return self._watch.watch(self.group(group) if group else None)
 
     def unwatch(self, group: str, queue: asyncio.Queue[EventEntry | None]) -> None:
         """Stop delivering to `queue`."""
-        runtime = self.groups.get(group)
-        (runtime.watchers if runtime else self._global_watchers).discard(queue)
-        self._global_watchers.discard(queue)
+        self._watch.unwatch(self.groups.get(group), queue)
 
     def snapshot_entry(self, runtime: GroupRuntime) -> EventEntry:
         """A SNAPSHOT event for `runtime`'s current state."""
@@ -413,10 +379,7 @@ class Engine:
             deferred = self._persist(before, after, transition.actions)
             runtime.state = after
             new_holder = self.waits.update(before, after)
-            if len(after.jobs) < len(before.jobs):
-                for name, record in before.jobs.items():
-                    if name not in after.jobs:
-                        self._leases.pop(record.lease_id, None)
+            self._leases.follow(before, after)
         followups: list[events.Event] = []
         held: list[actions.Action] = []
         for action in transition.actions:
@@ -426,10 +389,7 @@ class Engine:
                 self._execute(runtime, action, now, followups)
         if held:
             self._spawn(self._commit_then(runtime, tuple(held)))
-        if after.holder != before.holder:
-            self.metrics.set_holder(after.name, after.holder)
-        if after.queue is not before.queue:
-            self.metrics.set_queue_depth(after.name, len(after.queue))
+        metered.follow_transition(self.metrics, before, after)
         self._schedule(runtime)
         for followup in followups:
             if self.groups.get(after.name) is runtime:
@@ -542,9 +502,8 @@ class Engine:
         now: float,
         followups: list[events.Event],
     ) -> None:
-        name = runtime.state.name
+        metered.count_action(self.metrics, runtime.state.name, action)
         if isinstance(action, actions.Grant):
-            self.metrics.acquire_wait.observe(action.waited_seconds)
             # No ticket: a switch resumed after a restart; the job's next Acquire finds it holding.
             future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
             if future is not None and not future.done():
@@ -565,43 +524,22 @@ class Engine:
                 self._spawn(self._after_switch(runtime, release))
         elif isinstance(action, actions.HoldEnded):
             runtime.busy.add(now - action.seconds, now)
-            self.metrics.add_held(name, action.seconds)
-        elif isinstance(action, actions.Preempt):
-            self.metrics.count_preemption(name)
         elif isinstance(action, actions.Record):
             self._record(runtime, action)
 
     def _record(self, runtime: GroupRuntime, record: actions.Record) -> None:
         state = runtime.state
-        kind = record.kind
-        if kind is Kind.SWITCH_DONE:
-            self.metrics.switch_seconds.observe(record.seconds)
-            self.metrics.moved_bytes.inc(record.bytes)
-            self.metrics.count_switch(state.name, "done")
-        elif kind is Kind.SWITCH_FAILED:
-            self.metrics.count_switch(state.name, "failed")
-        elif kind is Kind.FAULTED:
-            self.metrics.count_switch(state.name, "faulted")
-        elif kind is Kind.PREFETCH and record.detail not in ("started", "undoing"):
-            self.metrics.count_prefetch(state.name, record.detail.partition(":")[0])
-        seq, now = next(self._seq), self.clock()
+        metered.count_record(self.metrics, state.name, record)
+        seq, now, kind = next(self._seq), self.clock(), record.kind.value
         runtime.ring.add(
-            seq, now, kind.value, record.job, record.detail, record.seconds, record.bytes, state
+            seq, now, kind, record.job, record.detail, record.seconds, record.bytes, state
         )
-        if runtime.watchers or self._global_watchers:
+        if self._watch.wanted(runtime):
             entry = EventEntry(
-                seq,
-                now,
-                state.name,
-                kind.value,
-                record.job,
-                record.detail,
-                record.seconds,
-                record.bytes,
-                state,
-            )
-            for queue in _chain(runtime.watchers, self._global_watchers):
-                _offer(queue, entry)
+                seq, now, state.name, kind, record.job, record.detail, record.seconds,
+                record.bytes, state,
+            )  # fmt: skip
+            self._watch.publish(runtime, entry)
 
     def _drop_group(self, runtime: GroupRuntime, done: tuple[actions.Action, ...]) -> None:
         name = runtime.state.name
@@ -610,10 +548,8 @@ class Engine:
             self._execute(runtime, action, self.clock(), followups)
         if runtime.timer is not None:
             runtime.timer.cancel()
-        for record in runtime.state.jobs.values():
-            self._leases.pop(record.lease_id, None)
-        for queue in runtime.watchers:
-            _offer(queue, None)
+        self._leases.drop_group(runtime.state)
+        self._watch.end(runtime)
         del self.groups[name]
         self.waits.update(runtime.state, None)
         self.store.delete_group(name)
@@ -703,20 +639,3 @@ def _must_persist(action: actions.Action) -> bool:
     if isinstance(action, actions.Grant):
         return True
     return isinstance(action, actions.StartSwitch) and not action.resume
-
-
-def _chain(
-    first: set[asyncio.Queue[EventEntry | None]], second: set[asyncio.Queue[EventEntry | None]]
-) -> Iterator[asyncio.Queue[EventEntry | None]]:
-    yield from first
-    yield from second
-
-
-def _offer(queue: asyncio.Queue[EventEntry | None], entry: EventEntry | None) -> None:
-    """Deliver without blocking; a watcher too far behind gets the end marker instead."""
-    try:
-        queue.put_nowait(entry)
-    except asyncio.QueueFull:
-        while not queue.empty():
-            queue.get_nowait()
-        queue.put_nowait(None)
