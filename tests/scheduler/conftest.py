@@ -149,6 +149,18 @@ class Live:
         finally:
             self.engine.unwatch(group, events)
 
+    async def until(
+        self, condition: Callable[[], object], group: str = "g", timeout: float = 5.0
+    ) -> None:
+        """Return once `condition()` holds, checked after each of the group's events (every
+        transition records one), never by polling."""
+        events = self.engine.watch(group)
+        try:
+            while not condition():
+                await asyncio.wait_for(events.get(), timeout)
+        finally:
+            self.engine.unwatch(group, events)
+
     def _arrived(self, job: str, group: str) -> bool:
         s = self.engine.groups[group].state
         switching = s.switch is not None and s.switch.incoming == job and s.switch.ticket

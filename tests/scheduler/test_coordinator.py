@@ -275,10 +275,7 @@ async def test_a_switch_cut_by_a_restart_is_completed_on_start(
         assert fake.jobs["a"].state == apb.AGENT_JOB_STATE_PARKED  # snapshot done, restore cut
         fake.block_restore = None
     async with start_live(store=path, **FAST) as live:
-        for _ in range(200):
-            if live.engine.groups["g"].state.switch is None:
-                break
-            await asyncio.sleep(0.01)
+        await live.until(lambda: live.engine.groups["g"].state.switch is None)
         status = await live.group()
         assert (list(status.parked), list(status.resident)) == (["a"], ["b"])
         assert status.epoch == switch.rollback_epoch

@@ -12,7 +12,6 @@ fake clock: test_engine_clock.py.)
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -54,7 +53,7 @@ async def test_a_blocked_acquire_is_granted_when_the_holder_yields(live: Live) -
     b = await live.register("b")
     await live.acquire("a", a)
     waiting = asyncio.ensure_future(live.acquire("b", b))
-    await _until(lambda: live.engine.groups["g"].state.queue)
+    await live.until(lambda: live.engine.groups["g"].state.queue)
     assert list((await live.group()).queue) == ["b"]
     assert not waiting.done()
     answer = await live.yield_("a", a)
@@ -80,9 +79,9 @@ async def test_a_waiter_that_gives_up_leaves_the_queue_at_once(live: Live, how: 
         call = live.stub.Acquire(
             pb.AcquireRequest(job="b", group="g", lease_id=b.lease_id, secret=b.secret)
         )
-        await _until(lambda: live.engine.groups["g"].state.queue)
+        await live.until(lambda: live.engine.groups["g"].state.queue)
         call.cancel()
-    await _until(lambda: not live.engine.groups["g"].state.queue, timeout=1.0)
+    await live.until(lambda: not live.engine.groups["g"].state.queue, timeout=1.0)
     status = await live.group()
     assert list(status.queue) == []
     assert (await live.yield_("a", a)).snapshot_deferred is True
@@ -123,20 +122,12 @@ async def test_list_groups_and_get_events_limit(live: Live) -> None:
     assert events.events[0].kind == pb.EVENT_KIND_REGISTERED
 
 
-async def _until(condition: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
-
-
 async def test_a_forced_delete_fails_the_holder_and_waiters(live: Live) -> None:
     a = await live.register("a")
     b = await live.register("b")
     await live.acquire("a", a)
     waiting = asyncio.ensure_future(live.acquire("b", b))
-    await _until(lambda: live.engine.groups["g"].state.queue)
+    await live.until(lambda: live.engine.groups["g"].state.queue)
     watch = live.stub.Watch(pb.WatchRequest())  # every group
     assert (await watch.read()).kind == pb.EVENT_KIND_SNAPSHOT
     await live.stub.DeleteGroup(pb.DeleteGroupRequest(group="g", force=True))
