@@ -20,8 +20,12 @@ Contract, for every implementation (memory, SQLite, Kubernetes):
 - `commit()` (optional; SQLite and memory have it) writes everything saved so far before
   it returns, or raises `StoreError` naming the store and why. The engine commits every
   transition that grants or starts a switch before it takes effect, and undoes it when the
-  commit fails: nothing is granted that could not be persisted. A store without `commit`
-  writes in the background (Kubernetes).
+  commit fails: nothing is granted that could not be persisted.
+- `commit_group(name)` (optional, async; Kubernetes, whose writes are HTTP calls in the
+  background) writes that group's newest saved state before it returns, or raises
+  `StoreError` naming the store. The engine applies the transition but holds its grants
+  and switch starts back until the write is done; when it fails, the grants are given back
+  (their callers answered UNAVAILABLE) and the switches fail before anything moved.
 """
 
 from __future__ import annotations
