@@ -142,10 +142,36 @@ class Engine:
         return loaded.agents
 
     def recover(self) -> None:
-        """After the coordinator knows its agents: detach old waiters, resume switches."""
-        for runtime in list(self.groups.values()):
-            self._apply(runtime, events.Recover())
-        self.ready = True
+        """After the coordinator knows its agents: detach old waiters, resume switches.
+
+        A group whose recovery the store refuses (a failing disk, while resuming a switch
+        that must be committed) is tried again every STORE_RETRY_SECONDS; until every group
+        is recovered, `ready` stays False and calls are answered UNAVAILABLE (clients retry).
+        """
+        self._recover(list(self.groups.values()))
+
+    def _recover(self, pending: list[GroupRuntime]) -> None:
+        refused: list[GroupRuntime] = []
+        why: UnavailableError | None = None
+        for runtime in pending:
+            if self.groups.get(runtime.state.name) is not runtime:
+                continue  # deleted meanwhile
+            try:
+                self._apply(runtime, events.Recover())
+            except UnavailableError as error:
+                refused.append(runtime)
+                why = error
+        if not refused:
+            self.ready = True
+            return
+        log.warning(
+            "recovery of %s waits for the store (retried every %g s): %s",
+            ", ".join(runtime.state.name for runtime in refused),
+            STORE_RETRY_SECONDS,
+            why,
+        )
+        if not self._closed:
+            asyncio.get_running_loop().call_later(STORE_RETRY_SECONDS, self._recover, refused)
 
     async def close(self) -> None:
         """Fail open calls, cancel timers and switch tasks, flush the store."""

@@ -207,7 +207,32 @@ async def _stream(
         if command is _EOF:
             return
         reply = await answer(offloader, command)
-        await call.write(agent_pb2.WorkloadMessage(reply=reply))
+        try:
+            await call.write(agent_pb2.WorkloadMessage(reply=reply))
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as error:
+            # The stream broke while the command ran: the agent counts the move as failed
+            # and rolls back, but its rollback can no longer reach this process. Undo the
+            # move here so the job is where the agent believes it is, then reconnect.
+            log.warning("agent stream broke before the reply to %s: %s", command.command_id, error)
+            if reply.ok:
+                await _undo(offloader, command)
+            return
+
+
+async def _undo(offloader: Offloader, command: agent_pb2.WorkloadCommand) -> None:
+    """Reverse a command whose success the agent never heard (an offload is restored, a
+    restore offloaded again, keeping every tag); a failure is logged, the loop goes on."""
+    undo = agent_pb2.WorkloadCommand(
+        command_id=command.command_id,
+        action=(
+            agent_pb2.WorkloadCommand.ACTION_RESTORE
+            if command.action == agent_pb2.WorkloadCommand.ACTION_OFFLOAD
+            else agent_pb2.WorkloadCommand.ACTION_OFFLOAD
+        ),
+    )
+    reply = await answer(offloader, undo)
+    if not reply.ok:
+        log.error("could not undo %s after the stream broke: %s", command.command_id, reply.error)
 
 
 class OffloadThread:

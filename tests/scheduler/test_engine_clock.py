@@ -6,22 +6,25 @@ its first deadline and unregister frees the lock; a holder past max-hold is aske
 then preempted exactly when the yield grace ends, its late Yield accepted and its next
 Acquire served; a lapsed lease releases the job's state
 without force, an unregister with force; a tick the store refuses is retried on the same
-clock.
+clock; a restart whose recovery the store refuses stays unready (UNAVAILABLE) until the
+store is back, then resumes its switch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from rlslice._errors import NotFoundError
+from rlslice._errors import NotFoundError, UnavailableError
 from rlslice.config import GroupSpec
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core.actions import Kind
-from rlslice.scheduler.engine import STORE_RETRY_SECONDS
+from rlslice.scheduler.engine import STORE_RETRY_SECONDS, Engine
+from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.service import SchedulerService
 from rlslice.scheduler.store import MemoryStore, StoreError
 from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -154,3 +157,55 @@ async def test_a_tick_the_store_refuses_is_applied_again_on_the_loops_clock() ->
         store.down = False
         assert (await waiting).job == "b"
         assert loop.time() - started == pytest.approx(0.3 + STORE_RETRY_SECONDS, abs=1e-3)
+
+
+@dataclass
+class _Stalled(Runner):
+    """The first switch succeeds; the next ones never end (until the engine closes), so one
+    stays in flight when the engine "dies"."""
+
+    calls: int = 0
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run_switch(self, state: Any, switch: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            return await super().run_switch(state, switch)
+        self.started.set()
+        await asyncio.Event().wait()
+        return None
+
+
+async def test_a_restart_whose_recovery_the_store_refuses_is_not_ready_until_the_store_is_back() -> (
+    None
+):
+    store = _Refusing()
+    nodes = ("n1",)
+    async with engine_on_loop(runner=_Stalled(nodes=nodes), store=store) as first:
+        a = first.register("g", "a", 30, None, None, 0)
+        b = first.register("g", "b", 30, None, None, 0)
+        await first.acquire("g", "a", a.lease_id, a.secret, "")
+        waiting = asyncio.ensure_future(first.acquire("g", "b", b.lease_id, b.secret, ""))
+        first.yield_("g", "a", a.lease_id, a.secret)
+        await first.runner.started.wait()
+        assert first.groups["g"].state.switch is not None  # in flight when it "dies"
+    with pytest.raises(UnavailableError):
+        await waiting  # "shutting down": b's call is gone, b keeps its turn in the state
+    store.down = True
+    # Restarted with the group's nodes gone (a lock-only group now), the resumed switch is a
+    # pure handoff that grants at once, inside the recovery: that grant must be committed.
+    second = Engine(store, Runner(), SchedulerMetrics(), auto_create_groups=True)
+    await second.start()
+    try:
+        second.recover()  # resuming the switch must be committed: refused, not raised
+        assert not second.ready
+        await asyncio.sleep(STORE_RETRY_SECONDS * 3)
+        assert not second.ready
+        await asyncio.sleep(STORE_RETRY_SECONDS / 2)  # between two retries (fake time)
+        store.down = False
+        await asyncio.sleep(STORE_RETRY_SECONDS)  # the next retry recovers, the switch runs
+        assert second.ready
+        assert second.groups["g"].state.switch is None
+        assert second.groups["g"].state.holder == "b"  # the resumed switch granted it
+    finally:
+        await second.close()

@@ -15,15 +15,13 @@ Asserted for both stages: the waiter's acquire fails with a reason (ABORTED, nam
 node) within SWITCH_BOUND, and is never granted while the move is broken; no job is ever
 stopped (an `app` move never freezes); no two holders; once the job's offload loop has
 reconnected (it does by itself), the job whose move was broken acquires again and its bytes
-are identical and back on its device (the move completed in the job after the cut: the
-agent's rollback could not reach it, so the scheduler restores it at its next grant); then
+are identical and back on its device (the move completed in the job after the cut and
+the job undid it, since the agent's rollback could not reach it); then
 the next switch both ways works and both jobs' bytes are intact.
 
-Both cases fail today (strict xfail, reasons below): the job's offload loop dies instead
-of reconnecting; with that fixed, the snapshot case finds the job granted with its bytes
-still offloaded. Both pass with a fix in `client/offload/_serve._stream` (on a reply
-that cannot be written, reconnect; an OFFLOAD whose success the agent never heard is
-undone in the job first).
+A move that completes in the job after its stream broke is undone in the job
+(`client/offload/_serve._stream`: an OFFLOAD is restored, a RESTORE offloaded again), so the
+job is where the agent believes it is; its offload loop then reconnects by itself.
 """
 
 from __future__ import annotations
@@ -161,33 +159,7 @@ def _client(f: Faults, job: str) -> AsyncClient:
     )
 
 
-_LOOP_DIES = (
-    "client/offload/_serve.py: the reply written after the stream broke raises "
-    "asyncio.InvalidStateError (not AioRpcError), so serve_offload stops for good instead of "
-    "reconnecting: the job can never be moved again"
-)
-_NOT_UNDONE = (
-    "an OFFLOAD that completes in the job after its stream broke is counted undone by the "
-    "agent ('failed (undone)', the rollback RESTORE could not reach it) but nothing undoes it "
-    "in the job: its next grant restores nothing and it runs offloaded"
-)
-
-
-@pytest.mark.parametrize(
-    "stage",
-    [
-        pytest.param(
-            "snapshot",
-            marks=pytest.mark.xfail(
-                strict=True, raises=AssertionError, reason=f"{_LOOP_DIES}; {_NOT_UNDONE}"
-            ),
-        ),
-        pytest.param(
-            "restore",
-            marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=_LOOP_DIES),
-        ),
-    ],
-)
+@pytest.mark.parametrize("stage", ["snapshot", "restore"])
 async def test_a_workload_stream_cut_mid_move_fails_the_switch_and_loses_nothing(
     faults: Callable[..., Any], stage: str
 ) -> None:
