@@ -17,7 +17,22 @@ class AgentMetrics:
 
     def __init__(self, node: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = {"node": node}
+        self._moves()
+        self._memory()
+        self.jobs = Gauge(
+            "rlslice_agent_jobs", "Jobs on this node by state.", ["state"], registry=self.registry
+        )
+        self.info = Gauge(
+            "rlslice_agent_info", "The agent's node.", ["node"], registry=self.registry
+        )
+        self.info.labels(node=node).set(1)
+        for state in JobState:
+            self.jobs.labels(state=state.value).set(0)
+        for direction in ("out", "in"):
+            self.moved_bytes.labels(direction=direction)
+
+    def _moves(self) -> None:
+        """What moves cost: seconds per snapshot and restore, bytes each way."""
         self.snapshot_seconds = Histogram(
             "rlslice_agent_snapshot_seconds",
             "Seconds a snapshot took on this node.",
@@ -38,9 +53,9 @@ class AgentMetrics:
             ["direction"],
             registry=self.registry,
         )
-        self.jobs = Gauge(
-            "rlslice_agent_jobs", "Jobs on this node by state.", ["state"], registry=self.registry
-        )
+
+    def _memory(self) -> None:
+        """Device and host memory: what is used, parked and pinned."""
         self.device_used = Gauge(
             "rlslice_agent_device_used_bytes",
             "Device memory in use.",
@@ -70,14 +85,6 @@ class AgentMetrics:
             "what the app workloads hold (parked copies and the staging they keep).",
             registry=self.registry,
         )
-        self.info = Gauge(
-            "rlslice_agent_info", "The agent's node.", list(labels), registry=self.registry
-        )
-        self.info.labels(**labels).set(1)
-        for state in JobState:
-            self.jobs.labels(state=state.value).set(0)
-        for direction in ("out", "in"):
-            self.moved_bytes.labels(direction=direction)
 
     def observe_jobs(self, states: Iterable[JobState], parked_bytes: int) -> None:
         """Refresh the jobs-by-state and parked-bytes gauges."""
