@@ -217,8 +217,10 @@ async def test_the_agent_registers_with_its_scheduler_and_again_after_a_restart(
         await scheduler.stop(0)
 
         scheduler = await server.start_scheduler(SchedulerSettings(address=address))
-        await eventually(lambda: "n2" in scheduler.coordinator.agents, timeout=15)
-        assert link.registrations >= 2
+        # The agent counts a registration once the scheduler's answer is back, a moment
+        # after the scheduler added it: wait for the agent's side.
+        await eventually(lambda: link.registrations >= 2, timeout=15)
+        assert "n2" in scheduler.coordinator.agents
     finally:
         await linked.stop(0)
         await scheduler.stop(0)
