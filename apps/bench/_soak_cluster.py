@@ -261,12 +261,7 @@ class Cluster:
         totals = {"jobs": 0, "parked": 0}
         for agent in self.agents.values():
             for part in totals:
-                folder = agent.node_dir / part
-                if folder.is_dir():
-                    for path in folder.rglob("*"):
-                        with contextlib.suppress(OSError):
-                            if path.is_file():
-                                totals[part] += path.stat().st_size
+                totals[part] += _tree_bytes(agent.node_dir / part)
         return totals
 
     def sim_owners(self) -> list[str]:
@@ -275,8 +270,26 @@ class Cluster:
         for agent in self.agents.values():
             for part in ("jobs", "parked"):
                 folder = agent.node_dir / part
-                for job in sorted(folder.iterdir()) if folder.is_dir() else ():
-                    size = sum(p.stat().st_size for p in job.rglob("*") if p.is_file())
+                jobs: list[Path] = []
+                with contextlib.suppress(OSError):  # the agent may remove it as we look
+                    jobs = sorted(folder.iterdir())
+                for job in jobs:
+                    size = _tree_bytes(job)
                     if size:
                         found.append(f"{agent.node}/{part}/{job.name}: {size} bytes")
         return found
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder`, read while the agent may be removing them.
+
+    `Path.rglob` raises when a directory vanishes between listing and descending into it
+    (a job's folder freed mid-walk); `os.walk` skips what vanished, and a file gone before
+    its `stat` counts as 0 bytes, which is what it now holds.
+    """
+    total = 0
+    for parent, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size
+    return total
