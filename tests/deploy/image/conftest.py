@@ -116,6 +116,15 @@ def context_hash() -> str:
     return digest.hexdigest()[:16]
 
 
+# build.sh's knobs (`make image BASE=... EXTRAS=...`): the tag is the working tree's hash, so
+# the image under test is the default build; an ambient `BASE=21` once made it `FROM 21`.
+_BUILD_KNOBS = frozenset({"BASE", "EXTRAS", "ONLINE", "SOURCE"})
+
+
+def _without_build_knobs(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name not in _BUILD_KNOBS}
+
+
 @pytest.fixture(scope="session")
 def image(engine: Engine) -> str:
     """The image of the working tree, built by tools/image/build.sh unless cached."""
@@ -133,7 +142,7 @@ def image(engine: Engine) -> str:
         capture_output=True,
         text=True,
         timeout=600,
-        env={**engine.env, "IMAGE": tag, "ENGINE": engine.binary},
+        env={**_without_build_knobs(engine.env), "IMAGE": tag, "ENGINE": engine.binary},
         check=False,
     )
     # The wheels stage stays behind as an untagged image: it is ours, remove it.
