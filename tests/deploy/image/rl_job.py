@@ -1,15 +1,22 @@
 """An RL-shaped job on the `sim` backend, run inside a job container by tests/deploy/image.
 
-Each step: a rollout phase on the emulated GPU (the policy's weights are read), reward
-scoring on the CPU outside any phase (another job takes the GPU meanwhile), a train phase
-(the weights are updated in place). The weights live in one emulated device buffer, so
-every switch parks and restores them; the job checks after every grant that the bytes it
-left are the bytes it finds, and prints one JSON line at the end.
+Shaped the way docs/agent.md asks `sim` jobs to be: a driver that holds the `Client` and
+runs the CPU phases, and a GPU worker that holds the emulated device memory and is the only
+process registered with the agent (the agent stops a parked job's registered processes; a
+registered driver stopped between its yield and its next acquire could never ask again).
 
-    rlslice run --job J --group G -- python rl_job.py STEPS BYTES BARRIER_DIR JOBS
+Each step: a rollout phase (the worker reads the policy's weights and returns a sample),
+reward scoring on the CPU outside any phase in the driver (another job takes the GPU
+meanwhile and the worker is parked), a train phase (the worker updates the weights in
+place). Every switch parks and restores the weights; the driver checks after every grant
+that the bytes the worker left are the bytes it finds, and prints one JSON line at the end.
 
-The jobs start their loops together: each leaves a file in BARRIER_DIR (a volume they
-share) and waits until JOBS files are there, so they contend from the first step.
+    rlslice run --no-register --job J --group G --agent-socket S --scheduler A \\
+        -- python rl_job.py STEPS BYTES BARRIER_DIR JOBS
+
+The driver starts its worker through `rlslice run` (which registers the worker alone). The
+jobs start their loops together: each leaves a file in BARRIER_DIR (a volume they share) and
+waits until JOBS files are there, so they contend from the first step.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from rlslice import Client
-from rlslice.client import sim
+STRIDE = 4096  # bytes between the values a rollout samples: every page is read
+SCORING_SECONDS = 0.05
 
 
 def barrier(folder: Path, parties: int, timeout: float = 60) -> None:
@@ -36,14 +45,73 @@ def barrier(folder: Path, parties: int, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
-def main() -> int:
-    steps, size = int(sys.argv[1]), int(sys.argv[2])
-    folder, parties = Path(sys.argv[3]), int(sys.argv[4])
-    device = sim.attach()
-    weights = device.alloc(size, tag="weights")
+def worker(size: int) -> int:
+    """The GPU worker: JSON commands on stdin, one JSON answer per line on stdout."""
+    from rlslice.client import sim
+
+    weights = sim.attach().alloc(size, tag="weights")
     view = memoryview(weights)
     view[:] = bytes([7]) * size
-    expected = hashlib.sha256(view).hexdigest()
+
+    def answer(**fields: Any) -> None:
+        fields["digest"] = hashlib.sha256(view).hexdigest()
+        print(json.dumps(fields), flush=True)
+
+    answer(ready=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "rollout":
+            answer(sample=list(view[::STRIDE]))
+        elif command["op"] == "train":
+            view[command["index"] % size] = command["value"]
+            answer()
+        elif command["op"] == "digest":
+            answer()
+    return 0
+
+
+class Worker:
+    """The driver's handle on its worker process."""
+
+    def __init__(self, size: int, agent_socket: str) -> None:
+        argv = [
+            *("rlslice", "run", "--job", os.environ["RLSLICE_JOB"]),
+            *("--group", os.environ["RLSLICE_GROUP"], "--agent-socket", agent_socket),
+            *("--", sys.executable, os.path.abspath(__file__), "worker", str(size)),
+        ]
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.ready = self._read()
+
+    def call(self, **command: Any) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited ({self.process.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def close(self) -> int:
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # end of commands: the worker exits once it runs
+        return self.process.wait(timeout=60)
+
+
+def driver(steps: int, size: int, folder: Path, parties: int) -> int:
+    # A client that sees the agent's socket registers its own process: the driver must
+    # not be registered (docs/agent.md), only the worker it starts.
+    agent_socket = os.environ.pop("RLSLICE_AGENT_SOCKET")
+    from rlslice import Client
+
+    gpu = Worker(size, agent_socket)
+    expected = gpu.ready["digest"]
     restored = moved = 0
     barrier(folder, parties)
     with Client() as client:  # job, group, scheduler, token: from the environment
@@ -51,17 +119,29 @@ def main() -> int:
             with client.phase("rollout") as grant:
                 restored += bool(grant.restored)
                 moved += grant.moved_bytes
-                assert hashlib.sha256(view).hexdigest() == expected, "weights changed"
-            reward = sum(view[i] for i in range(0, size, 4096)) % 251  # CPU: scoring
+                rollout = gpu.call(op="rollout")
+                assert rollout["digest"] == expected, "weights changed"
+            # CPU: scoring, long enough that the other job's grant parks this job's worker
+            # meanwhile (a registered driver would be stopped here for good).
+            time.sleep(SCORING_SECONDS)
+            reward = sum(rollout["sample"]) % 251
             with client.phase("train") as grant:
                 restored += bool(grant.restored)
                 moved += grant.moved_bytes
-                assert hashlib.sha256(view).hexdigest() == expected, "weights changed"
-                view[step % size] = (reward + step) % 256
-                expected = hashlib.sha256(view).hexdigest()
+                found = gpu.call(op="digest")["digest"]
+                assert found == expected, "weights changed"
+                expected = gpu.call(op="train", index=step, value=(reward + step) % 256)["digest"]
+    status = gpu.close()
+    assert status == 0, f"the worker exited {status}"
     summary = {"steps": steps, "restored": restored, "moved_bytes": moved, "digest": expected}
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def main() -> int:
+    if sys.argv[1] == "worker":
+        return worker(int(sys.argv[2]))
+    return driver(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))
 
 
 if __name__ == "__main__":

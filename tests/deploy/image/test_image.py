@@ -15,8 +15,9 @@ Cases:
   version, licenses and revision; the default user is 65532;
 - the image holds no tests, no pip, setuptools, wheel or pytest, and no compiler;
 - the scheduler and the agent answer gRPC health SERVING for their services from the host;
-- a time-slicing round: two job containers run an RL-shaped `sim` job (tests/deploy/image/rl_job.py)
-  through the scheduler and agent containers; both finish with their weights intact,
+- a time-slicing round: two job containers run an RL-shaped `sim` job (tests/deploy/image/rl_job.py:
+  an unregistered driver, and the GPU worker it starts through `rlslice run`) through the
+  scheduler and agent containers; both finish with their weights intact,
   `rlslice status --json` from the host shows at least 4 switches and each job's device
   bytes, and the jobs report the bytes moved; after every container is stopped, a new
   scheduler container on the same store shows the same epoch and switch count;
@@ -250,14 +251,18 @@ def test_a_time_slicing_round_through_containers_survives_a_restart(
                 *_env(RLSLICE_SIM_ROOT="/run/rlslice/sim", RLSLICE_TOKEN=TOKENS["job"]),
             ],
             image,
-            *("run", "--job", job, "--group", GROUP, "--agent-socket", "/run/rlslice/agent.sock"),
+            *("run", "--no-register", "--job", job, "--group", GROUP),
+            *("--agent-socket", "/run/rlslice/agent.sock"),
             *("--scheduler", control_plane.scheduler, "--"),
             *("python3", "/job/rl_job.py", str(STEPS), str(WEIGHT_BYTES)),
             *("/barrier", "2"),
         )
     summaries = {}
     for job, name in jobs.items():
-        exited = engine("wait", name, timeout=120)
+        try:
+            exited = engine("wait", name, timeout=120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{job} still runs after 120 s\n{_round_report(control_plane, jobs)}")
         logs = engine("logs", name, check=False)
         assert exited.stdout.strip() == "0", f"{job}: {logs.stderr}\n{control_plane.logs()}"
         summaries[job] = json.loads(logs.stdout.strip().splitlines()[-1])
@@ -277,3 +282,21 @@ def test_a_time_slicing_round_through_containers_survives_a_restart(
     control_plane.start_scheduler()
     (again,) = [g for g in host_status(control_plane.scheduler) if g["spec"]["name"] == GROUP]
     assert (int(again["switches"]), int(again["epoch"])) == (switches, epoch)
+
+
+def _round_report(control_plane: ControlPlane, jobs: dict[str, str]) -> str:
+    """What a stuck round leaves to read: each job's log, the group, the control plane's logs."""
+    engine = control_plane.engine
+    parts = []
+    for job, name in jobs.items():
+        logs = engine("logs", name, check=False)
+        state = engine("inspect", "--format", "{{.State.Status}}", name, check=False)
+        parts.append(
+            f"--- {job} ({state.stdout.strip()})\n{logs.stdout[-2000:]}{logs.stderr[-3000:]}"
+        )
+    try:
+        parts.append(f"--- group\n{json.dumps(host_status(control_plane.scheduler), indent=1)}")
+    except Exception as error:  # the report must not hide the failure it reports
+        parts.append(f"--- group: {error!r}")
+    parts.append(control_plane.logs())
+    return "\n".join(parts)
