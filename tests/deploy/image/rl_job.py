@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from rlslice.apps.worker_pipe import WorkerPipe
 
 STRIDE = 4096  # bytes between the values a rollout samples: every page is read
 SCORING_SECONDS = 0.05
@@ -46,62 +47,35 @@ def barrier(folder: Path, parties: int, timeout: float = 60) -> None:
 
 
 def worker(size: int) -> int:
-    """The GPU worker: JSON commands on stdin, one JSON answer per line on stdout."""
+    """The GPU worker: JSON commands on stdin, one JSON answer per line on stdout
+    (`rlslice.apps.worker_pipe`'s protocol: every answer says `ok`)."""
     from rlslice.client import sim
 
     weights = sim.attach().alloc(size, tag="weights")
     view = memoryview(weights)
     view[:] = bytes([7]) * size
-
-    def answer(**fields: Any) -> None:
-        fields["digest"] = hashlib.sha256(view).hexdigest()
-        print(json.dumps(fields), flush=True)
-
-    answer(ready=True)
     for line in sys.stdin:
         command = json.loads(line)
+        answer: dict[str, Any] = {}
+        if command["op"] == "quit":
+            break
         if command["op"] == "rollout":
-            answer(sample=list(view[::STRIDE]))
+            answer["sample"] = list(view[::STRIDE])
         elif command["op"] == "train":
             view[command["index"] % size] = command["value"]
-            answer()
-        elif command["op"] == "digest":
-            answer()
+        answer["digest"] = hashlib.sha256(view).hexdigest()
+        print(json.dumps({"ok": True, **answer}), flush=True)
     return 0
 
 
-class Worker:
-    """The driver's handle on its worker process."""
-
-    def __init__(self, size: int, agent_socket: str) -> None:
-        argv = [
-            *("rlslice", "run", "--job", os.environ["RLSLICE_JOB"]),
-            *("--group", os.environ["RLSLICE_GROUP"], "--agent-socket", agent_socket),
-            *("--", sys.executable, os.path.abspath(__file__), "worker", str(size)),
-        ]
-        self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.ready = self._read()
-
-    def call(self, **command: Any) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the worker exited ({self.process.wait()})")
-        answer: dict[str, Any] = json.loads(line)
-        return answer
-
-    def close(self) -> int:
-        assert self.process.stdin is not None
-        self.process.stdin.close()  # end of commands: the worker exits once it runs
-        return self.process.wait(timeout=60)
+def start_worker(size: int, agent_socket: str) -> WorkerPipe:
+    """The worker, started through `rlslice run`, which registers it (and it alone)."""
+    argv = [
+        *("rlslice", "run", "--job", os.environ["RLSLICE_JOB"]),
+        *("--group", os.environ["RLSLICE_GROUP"], "--agent-socket", agent_socket),
+        *("--", sys.executable, os.path.abspath(__file__), "worker", str(size)),
+    ]
+    return WorkerPipe(argv, env=dict(os.environ))
 
 
 def driver(steps: int, size: int, folder: Path, parties: int) -> int:
@@ -110,8 +84,8 @@ def driver(steps: int, size: int, folder: Path, parties: int) -> int:
     agent_socket = os.environ.pop("RLSLICE_AGENT_SOCKET")
     from rlslice import Client
 
-    gpu = Worker(size, agent_socket)
-    expected = gpu.ready["digest"]
+    gpu = start_worker(size, agent_socket)
+    expected = gpu.call(op="digest")["digest"]
     restored = moved = 0
     barrier(folder, parties)
     with Client() as client:  # job, group, scheduler, token: from the environment
@@ -131,7 +105,8 @@ def driver(steps: int, size: int, folder: Path, parties: int) -> int:
                 found = gpu.call(op="digest")["digest"]
                 assert found == expected, "weights changed"
                 expected = gpu.call(op="train", index=step, value=(reward + step) % 256)["digest"]
-    status = gpu.close()
+    gpu.close()
+    status = gpu.process.returncode
     assert status == 0, f"the worker exited {status}"
     summary = {"steps": steps, "restored": restored, "moved_bytes": moved, "digest": expected}
     print(json.dumps(summary), flush=True)
