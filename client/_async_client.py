@@ -26,6 +26,7 @@ from rlslice.adapters.tracing import ACQUIRE, span
 from rlslice.client._agent import register_with_local_agent
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
+from rlslice.client._homecoming import HOMECOMING_PHASE, Homecomings
 from rlslice.client._leases import LEASE_UNKNOWN, Lease, Leases, YieldRequestedCallback
 from rlslice.client._phase import (
     LAPSED_YIELD_SECONDS,
@@ -56,6 +57,15 @@ class _Hold:
     count: int = 0
     grant: Grant | None = None
     generation: int = 0
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A group the job acquired and has not yielded: its grant, and the generation of the
+    lease it was granted under (a later generation means the lock was lost)."""
+
+    grant: Grant
+    generation: int
 
 
 class AsyncClient:
@@ -118,9 +128,15 @@ class AsyncClient:
             # One session per client object: its waits and holds are one thread of control
             # for the scheduler's deadlock check, apart from other processes of the job.
             self._leases = Leases(
-                self._conn, self._settings, on_yield_requested, session=secrets.token_hex(8)
+                self._conn,
+                self._settings,
+                on_yield_requested,
+                session=secrets.token_hex(8),
+                on_renewed=self._lease_renewed,
             )
         self._holds: dict[str, _Hold] = {}
+        self._held: dict[str, _Held] = {}
+        self._homecomings = Homecomings(self._acquire_home, self._yield)
         self._agent_registered = False
         self._agent_lock = asyncio.Lock()
         self._closed = False
@@ -173,6 +189,8 @@ class AsyncClient:
         self._check_open()
         if self._leases is None or self._conn is None:
             return Grant(0, 0.0, False, 0.0, 0, group_id, self.job, disabled=True)
+        if self._homecomings.outstanding(group_id):
+            await self._homecomings.settle(group_id)  # this acquire brings the state home
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = None if timeout is None else started + timeout
@@ -203,6 +221,7 @@ class AsyncClient:
                 moved_bytes=grant.moved_bytes,
                 restored=grant.restored,
             )
+            self._held[group_id] = _Held(grant, lease.generation)
             return grant
 
     async def _acquire(
@@ -261,11 +280,19 @@ class AsyncClient:
         self._check_open()
         if self._conn is None:
             return YieldResult(0, False, disabled=True)
+        held = self._held.get(group_id)
+        if held is not None and self._lost(group_id, held.generation):
+            del self._held[group_id]
+            await self._homecomings.settle(group_id)
+            raise lock_lost(
+                self.job, group_id, held.grant, "its lease lapsed and was registered again"
+            )
         return await self._yield(group_id, None)
 
     async def _yield(self, group_id: str, deadline: float | None) -> YieldResult:
         assert self._conn is not None
         lease = self._lease_of(group_id)
+        self._held.pop(group_id, None)  # kept only until the lock is given up
         if lease is None:
             raise FailedPreconditionError(
                 f"group: job {self.job!r} does not hold {group_id!r} (it never acquired it)"
@@ -329,6 +356,7 @@ class AsyncClient:
         """
         if self._closed:
             return
+        await self._homecomings.close()
         if bring_home:
             validate_seconds(
                 timeout, "timeout", minimum=1e-3, maximum=MAX_TIMEOUT, allow_zero=False
@@ -407,6 +435,9 @@ class AsyncClient:
             if hold.count > 0:
                 return
             grant, hold.grant = hold.grant, None
+            if self._lost(group, hold.generation):
+                self._held.pop(group, None)
+                await self._homecomings.settle(group)
             self._check_hold(group, hold, grant)
             if self._closed or self._conn is None:
                 return
@@ -429,10 +460,33 @@ class AsyncClient:
                     self.job, group, grant, f"the scheduler is unreachable past the lease: {error}"
                 ) from None
 
+    def _lost(self, group: str, generation: int) -> bool:
+        """Whether the lease of `group` was registered again since `generation`."""
+        lease = self._lease_of(group)
+        return lease is not None and lease.generation != generation
+
+    def _lease_renewed(self, group: str) -> None:
+        """The keep-alive registered `group` again: a lock the job held there is lost, and
+        its state may be fenced while its code waits on it; bring it home (see
+        `client._homecoming`)."""
+        held = self._held.get(group)
+        if held is not None and not self._closed and self._lost(group, held.generation):
+            self._homecomings.start(group, self.job)
+
+    async def _acquire_home(self, group: str) -> Grant:
+        assert self._leases is not None
+        lease = await self._leases.get(group, None)
+        try:
+            grant = await self._acquire(
+                lease, HOMECOMING_PHASE, None, asyncio.get_running_loop().time()
+            )
+        except RpcFailed as failed:
+            raise failed.error from None
+        return grant
+
     def _check_hold(self, group: str, hold: _Hold, grant: Grant | None = None) -> None:
         """Raise LockLostError when the lease the hold was granted under is gone."""
-        lease = self._lease_of(group)
-        if lease is not None and lease.generation != hold.generation:
+        if self._lost(group, hold.generation):
             log.warning("job %r lost group %r during a phase (its lease lapsed)", self.job, group)
             raise lock_lost(
                 self.job, group, grant or hold.grant, "its lease lapsed and was registered again"

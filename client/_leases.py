@@ -42,6 +42,8 @@ UNREGISTER_TIMEOUT = 5.0
 
 YieldRequestedCallback = Callable[[str, float], object]
 """`on_yield_requested(group, preempt_in_seconds)`; may be a coroutine function."""
+RenewedCallback = Callable[[str], None]
+"""`on_renewed(group)`: the keep-alive registered the group again (the old lease lapsed)."""
 
 
 @dataclass
@@ -76,11 +78,13 @@ class Leases:
         settings: ClientSettings,
         on_yield_requested: YieldRequestedCallback | None,
         session: str = "",
+        on_renewed: RenewedCallback | None = None,
     ) -> None:
         self._conn = connection
         self._settings = settings
         self._session = session
         self._on_yield_requested = on_yield_requested
+        self._on_renewed = on_renewed
         self._leases: dict[str, Lease] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: set[asyncio.Task[None]] = set()
@@ -216,6 +220,9 @@ class Leases:
             await self.renew(lease, generation, None)
         except Exception as error:  # the keep-alive must outlive any one failure
             log.warning("registering again in group %r failed: %s", lease.group, error)
+            return
+        if self._on_renewed is not None and lease.generation != generation:
+            self._on_renewed(lease.group)
 
     def _note_yield_request(self, lease: Lease, answer: pb.KeepAliveResponse) -> None:
         asked_now = answer.yield_requested and not lease.yield_requested

@@ -8,6 +8,9 @@ Cases:
 - a phase whose lease was lost during the block does not yield someone else's grant: it
   raises LockLostError at its exit; so does one that ends before its client noticed the
   loss (the scheduler answers its Yield NOT_FOUND: the lock is gone already);
+- a holder whose lease the keep-alive registered again is queued by its client to bring
+  its state home, and holds the group again once granted; a bare yield then raises
+  LockLostError and gives that hold back;
 - an acquire made while no scheduler listens yet is granted once one comes up.
 """
 
@@ -88,16 +91,44 @@ async def test_a_phase_that_lost_its_lease_does_not_yield_and_raises_lock_lost(
         phase = client.phase("train")
         await phase.__aenter__()
     second: TestScheduler
-    async with scheduler_for_tests(address=address) as second:
+    async with scheduler_for_tests(groups=["gpus"], address=address) as second:
         async with AsyncClient(job="b", group="gpus", scheduler=address) as other:
-            await other.acquire(timeout=10)  # the new scheduler never knew a held it
-            await eventually(second, "gpus", lambda s: len(s.jobs) == 2)  # a registered again
+            # The new scheduler never knew a held: b's acquire and a's homecoming (queued by
+            # its keep-alive) race; whichever is granted first, the other waits.
+            granted = asyncio.ensure_future(other.acquire(timeout=30))
+            await eventually(
+                second, "gpus", lambda s: len(s.jobs) == 2 and s.holder != "" and len(s.queue) == 1
+            )
             with pytest.raises(LockLostError) as lost:
                 await phase.__aexit__(None, None, None)
             assert lost.value.group == "gpus"
             assert lost.value.epoch > 0
             assert "lost group 'gpus'" in caplog.text
-            assert (await second.group("gpus")).holder == "b"
+            await granted
+            status = await eventually(second, "gpus", lambda s: list(s.queue) == [])
+            assert status.holder == "b"  # a gave back (or left the queue), never took b's
+        await client.close()
+
+
+async def test_a_bare_yield_after_the_homecoming_was_granted_raises_lock_lost_and_gives_it_back() -> (
+    None
+):
+    address = f"127.0.0.1:{free_port()}"
+    async with scheduler_for_tests(groups=["gpus"], address=address):
+        client = AsyncClient(job="a", group="gpus", scheduler=address, lease_seconds=1)
+        held = await client.acquire()
+    async with scheduler_for_tests(groups=["gpus"], address=address) as second:
+        # Nobody else holds: the homecoming Acquire the keep-alive queued is granted.
+        status = await eventually(second, "gpus", lambda s: s.holder == "a")
+        assert status.epoch > 0
+        with pytest.raises(LockLostError) as lost:
+            await client.yield_()
+        assert lost.value.epoch == held.epoch
+        assert (await second.group("gpus")).holder == ""
+        again = await client.acquire(timeout=10)  # the next hold goes as usual
+        assert (await second.group("gpus")).holder == "a"
+        await client.yield_()
+        assert again.epoch > status.epoch
         await client.close()
 
 
