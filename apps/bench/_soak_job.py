@@ -175,6 +175,12 @@ async def _cycles(
 ) -> None:
     from rlslice import RlsliceError
 
+    async def ask(**command: Any) -> dict[str, Any]:
+        # Stoppable: a worker fenced under a lost lock answers only once its client brings
+        # it home; SIGTERM must not wait for that (closing the client resumes it).
+        answer: dict[str, Any] = await until_stopped(worker_proc.acall(**command))
+        return answer
+
     expected = ""
     step = 0
     while not stop.is_set():
@@ -196,14 +202,18 @@ async def _cycles(
             moved=grant.moved_bytes,
             switch_seconds=grant.switch_seconds,
         )
-        if not expected:
-            answer = await worker_proc.acall(op="init", size=args.state_bytes, seed=args.seed)
-            log("init", hash=answer["hash"])
-        else:
-            answer = await worker_proc.acall(op="hash")
-            log("checked", ok=answer["hash"] == expected, want=expected, got=answer["hash"])
-        step += 1
-        answer = await worker_proc.acall(op="step", k=step)
+        try:
+            if not expected:
+                answer = await ask(op="init", size=args.state_bytes, seed=args.seed)
+                log("init", hash=answer["hash"])
+            else:
+                answer = await ask(op="hash")
+                log("checked", ok=answer["hash"] == expected, want=expected, got=answer["hash"])
+            step += 1
+            answer = await ask(op="step", k=step)
+        except asyncio.CancelledError:
+            log("worker_call_cancelled", n=step)
+            break
         expected = str(answer["hash"])
         await asyncio.sleep(rng.uniform(args.min_phase, args.max_phase))  # GPU phase
         log("yield", n=step)
