@@ -243,7 +243,20 @@ class AsyncClient:
                 answer = await self._conn.call(
                     "Acquire", request, pb.Grant, deadline=deadline, retry_seconds=math.inf
                 )
-                return _grant(answer, lease.group, self.job)
+                grant = _grant(answer, lease.group, self.job)
+                if await self._granted_under_live_lease(lease, generation, deadline):
+                    return grant
+                # The answer came back after the lease had lapsed (a partition cut it on
+                # its way): the scheduler fenced or released that grant. Acquire anew.
+                log.warning(
+                    "job %r: the grant of group %r at epoch %d came after its lease lapsed; "
+                    "acquiring again",
+                    self.job,
+                    lease.group,
+                    grant.epoch,
+                )
+                await self._leases.renew(lease, generation, deadline)
+                continue
             except RpcFailed as failed:
                 if isinstance(failed.error, LEASE_UNKNOWN) and (
                     not renewed or lease.generation != generation
@@ -258,6 +271,18 @@ class AsyncClient:
                     if grant is not None:
                         return grant
                 raise
+
+    async def _granted_under_live_lease(
+        self, lease: Lease, generation: int, deadline: float | None
+    ) -> bool:
+        """Whether the lease an Acquire was answered under still lives. Past its local
+        deadline (no renewal answered for a ttl) only a KeepAlive can tell."""
+        assert self._leases is not None
+        if lease.generation != generation:
+            return False  # registered again while the Acquire was out: that lease is gone
+        if not lease.lapsed(asyncio.get_running_loop().time()):
+            return True  # the scheduler's deadline is later still
+        return await self._leases.alive(lease, deadline)
 
     async def _grant_from_status(
         self, group: str, started: float, deadline: float | None

@@ -140,6 +140,28 @@ class Leases:
                 lease.group,
             )
 
+    async def alive(self, lease: Lease, deadline: float | None) -> bool:
+        """Ask the scheduler whether `lease` lives (a KeepAlive, retried through an outage
+        until `deadline`); True renews it. False when the scheduler does not know it."""
+        generation = lease.generation
+        sent = asyncio.get_running_loop().time()
+        request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
+        try:
+            answer = await self._conn.call(
+                "KeepAlive",
+                request,
+                pb.KeepAliveResponse,
+                deadline=deadline,
+                retry_seconds=math.inf,
+            )
+        except RpcFailed as failed:
+            if isinstance(failed.error, LEASE_UNKNOWN):
+                return False
+            raise
+        if lease.generation == generation:
+            lease.expires_at = sent + answer.ttl_seconds
+        return lease.generation == generation
+
     async def _register(self, group: str, deadline: float | None) -> pb.RegisterResponse:
         s = self._settings
         request = pb.RegisterRequest(
