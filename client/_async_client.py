@@ -267,9 +267,9 @@ class AsyncClient:
                     continue
                 if isinstance(failed.error, AlreadyExistsError) and failed.retried:
                     # Granted before a restart whose answer was lost: the job holds the group.
-                    grant = await self._grant_from_status(lease.group, started, deadline)
-                    if grant is not None:
-                        return grant
+                    held = await self._grant_from_status(lease.group, started, deadline)
+                    if held is not None:
+                        return held
                 raise
 
     async def _granted_under_live_lease(

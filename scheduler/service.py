@@ -286,8 +286,17 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.engine.store.save_agent(record)
         self.engine.metrics.agents.set(len(self.coordinator.agents))
         groups = [
-            name
-            for name, runtime in sorted(self.engine.groups.items())
+            runtime.state
+            for _, runtime in sorted(self.engine.groups.items())
             if request.node in self.coordinator.nodes_for(runtime.state.spec)
         ]
-        return pb.RegisterAgentResponse(groups=groups)
+        # What the agent may keep parked: a job not listed here whose processes are gone
+        # was released while the agent could not hear it.
+        jobs = [
+            pb.GroupJob(group=state.name, job=job)
+            for state in groups
+            for job in sorted(state.known_jobs())
+        ]
+        return pb.RegisterAgentResponse(
+            groups=[state.name for state in groups], jobs=jobs, jobs_listed=True
+        )

@@ -185,8 +185,20 @@ def _link(settings: AgentSettings, engine: AgentEngine, advertised: str) -> Sche
             labels=dict(settings.labels),
         )
 
+    async def registered(answer: scheduler_pb2.RegisterAgentResponse) -> None:
+        if not answer.jobs_listed:
+            return  # a scheduler older than the list: nothing to reconcile against
+        known: dict[str, set[str]] = {group: set() for group in answer.groups}
+        for item in answer.jobs:
+            known.setdefault(item.group, set()).add(item.job)
+        await engine.forget_departed(known)
+
     link = SchedulerLink(
-        settings.scheduler, request, tls=settings.scheduler_tls, token=settings.token
+        settings.scheduler,
+        request,
+        tls=settings.scheduler_tls,
+        token=settings.token,
+        on_registered=registered,
     )
     link.start()
     return link

@@ -25,6 +25,7 @@ from collections.abc import (
     Iterable,
     Mapping,
     Sequence,
+    Set,
 )
 from dataclasses import dataclass
 from pathlib import Path
@@ -685,6 +686,29 @@ class AgentEngine:
             for ref in entry.processes:
                 self._watcher.forget(ref)
             self.table.entries.pop(entry.record.job, None)
+
+    async def forget_departed(self, known: Mapping[str, Set[str]]) -> list[str]:
+        """Drop each job of the groups in `known` (group -> the jobs the scheduler knows
+        there) that the scheduler no longer knows and whose processes are all gone: its
+        Release was lost while this agent could not hear it (it was down), and nothing will
+        ask again. A job whose processes live is kept (a fenced copy stays while they do).
+        The jobs dropped, in name order."""
+        dropped = []
+        for job, entry in sorted(self.table.entries.items()):
+            group = entry.record.group
+            if group not in known or job in known[group] or entry.processes:
+                continue
+            async with entry.lock:
+                if entry.processes or self.table.entries.get(job) is not entry:
+                    continue
+                backend = await self.backend(self.backends.serving(entry))
+                with self.table.change():
+                    await self._drop(entry, backend)
+            log.warning("job %s: dropped, unknown to the scheduler and gone (a lost Release)", job)
+            dropped.append(job)
+        if dropped:
+            await self.refresh_metrics()
+        return dropped
 
     async def status(self) -> StatusView:
         """Jobs, devices and host memory on this node."""

@@ -1,5 +1,8 @@
 """Announce the agent to its scheduler, and again whenever the scheduler comes back.
 
+Each answer lists the jobs the scheduler knows in this node's groups; `on_registered`
+gets it, so the agent can drop parked state whose Release it never heard (it was down).
+
 After a successful RegisterAgent the link waits on the channel's connectivity (no
 polling): when the connection to the scheduler drops and a new one is made, it registers
 again. Failed attempts are retried with capped exponential backoff and jitter.
@@ -34,6 +37,8 @@ class SchedulerLink:
         token: str | None = None,
         initial_backoff: float = 0.1,
         max_backoff: float = 5.0,
+        on_registered: Callable[[scheduler_pb2.RegisterAgentResponse], Awaitable[object]]
+        | None = None,
     ) -> None:
         self._address = address
         self._request = request
@@ -41,6 +46,7 @@ class SchedulerLink:
         self._token = token
         self._initial = initial_backoff
         self._max = max_backoff
+        self._on_registered = on_registered
         self._task: asyncio.Task[None] | None = None
         self.registrations = 0
         """Successful RegisterAgent calls so far."""
@@ -96,6 +102,11 @@ class SchedulerLink:
                     self._address,
                     ", ".join(self.groups) or "none",
                 )
+                if self._on_registered is not None:
+                    try:
+                        await self._on_registered(response)
+                    except Exception:  # the link must outlive any one failure
+                        log.exception("acting on the registration's answer failed")
                 await self._until_reconnected(channel)
         finally:
             await channel.close(None)

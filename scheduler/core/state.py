@@ -185,6 +185,17 @@ class GroupState:
         placed = self.placement.get(job)
         return Location.IDLE if placed is None else placed.where
 
+    def known_jobs(self) -> frozenset[str]:
+        """Every job whose state on the nodes this group still accounts for: registered,
+        fenced, placed, or part of the switch in flight. An agent may drop the parked
+        state of any other job once its processes are gone (its Release was lost)."""
+        known = set(self.jobs) | set(self.fencing) | set(self.placement)
+        if self.holder is not None:
+            known.add(self.holder)
+        if self.switch is not None:
+            known.update((self.switch.incoming, *self.switch.evict, *self.switch.candidates))
+        return frozenset(known)
+
     def waiter(self, job: str) -> Waiter | None:
         """The queued acquire of `job`, if any."""
         for waiter in self.queue:

@@ -901,18 +901,51 @@ class RegisterAgentResponse(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     GROUPS_FIELD_NUMBER: builtins.int
+    JOBS_FIELD_NUMBER: builtins.int
+    JOBS_LISTED_FIELD_NUMBER: builtins.int
+    jobs_listed: builtins.bool
+    """True when `jobs` is filled in (a scheduler older than the field leaves it false, and
+    the agent drops nothing).
+    """
     @property
     def groups(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """Groups this node takes part in now."""
+
+    @property
+    def jobs(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___GroupJob]:
+        """Jobs the scheduler knows in those groups now (registered, or fenced and not yet
+        released). The agent drops the parked state of a job that is not among them and whose
+        processes are all gone: the Release the scheduler sent it was lost (it was down).
+        """
 
     def __init__(
         self,
         *,
         groups: collections.abc.Iterable[builtins.str] | None = ...,
+        jobs: collections.abc.Iterable[global___GroupJob] | None = ...,
+        jobs_listed: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["groups", b"groups"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["groups", b"groups", "jobs", b"jobs", "jobs_listed", b"jobs_listed"]) -> None: ...
 
 global___RegisterAgentResponse = RegisterAgentResponse
+
+@typing.final
+class GroupJob(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: builtins.int
+    JOB_FIELD_NUMBER: builtins.int
+    group: builtins.str
+    job: builtins.str
+    def __init__(
+        self,
+        *,
+        group: builtins.str = ...,
+        job: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["group", b"group", "job", b"job"]) -> None: ...
+
+global___GroupJob = GroupJob
 
 @typing.final
 class GetEventsRequest(google.protobuf.message.Message):

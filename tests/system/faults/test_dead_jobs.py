@@ -10,6 +10,9 @@ Cases:
 - a parked job's driver is SIGKILLed: its lease lapses, yet its parked state stays on
   the agent while its frozen worker lives; once the worker is killed too, the agent frees
   the parked copy;
+- a parked job that dies while its node's agent is down (the scheduler's Release finds no
+  agent): the agent, back, drops the copy once its registration's answer shows the
+  scheduler no longer knows the job;
 - a waiting driver that is SIGKILLed leaves the queue at once (its connection drops),
   long before its lease would lapse;
 - a job that ends (closes its client) while parked has its worker resumed, so that the
@@ -21,6 +24,7 @@ Cases:
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -95,6 +99,36 @@ async def test_a_dead_jobs_parked_state_is_kept_until_its_processes_are_gone(
             assert f.cluster.sim_bytes()["parked"] >= STATE
 
             worker_a.kill()  # now every process of the job is gone
+            await f.eventually(lambda: _gone_from_agent(f, "a"))
+            await f.eventually(lambda: f.cluster.sim_bytes()["parked"] == 0)
+            await f.check()
+            await b.yield_()
+
+
+async def test_a_dead_jobs_parked_state_whose_release_the_agent_missed_is_dropped_when_it_returns(
+    faults: Callable[..., Any],
+) -> None:
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        driver_a = await f.driver("a", lease=LEASE, device_bytes=STATE)
+        worker_a = await f.worker("n1", "a")
+        assert (await driver_a.call(op="acquire"))["ok"]
+        await worker_a.call(op="init", size=STATE, seed=1)
+        assert (await driver_a.call(op="yield"))["ok"]
+        async with AsyncClient(
+            job="b", group="g", scheduler=f.address, lease_seconds=30, device_bytes=STATE
+        ) as b:
+            await b.acquire(timeout=30)  # evicts a: parked, its worker frozen
+            assert worker_a.state == "T"
+            agent = f.cluster.agents["n1"].service
+            agent.kill(signal.SIGKILL)
+            driver_a.kill()
+            worker_a.kill()
+            # Its lease lapses; the scheduler's Release finds no agent and is not sent again.
+            await f.eventually(lambda: _left_group(f, "a"), timeout=LEASE + 5)
+            await agent.restart()
+            # Back, the agent reads a's parked entry (no process of it lives) and registers;
+            # the scheduler's answer does not list a: the entry and its copy are dropped.
             await f.eventually(lambda: _gone_from_agent(f, "a"))
             await f.eventually(lambda: f.cluster.sim_bytes()["parked"] == 0)
             await f.check()
