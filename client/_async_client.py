@@ -307,8 +307,7 @@ class AsyncClient:
             return YieldResult(0, False, disabled=True)
         held = self._held.get(group_id)
         if held is not None and self._lost(group_id, held.generation):
-            del self._held[group_id]
-            await self._homecomings.settle(group_id)
+            await self._end_lost_hold(group_id)
             raise lock_lost(
                 self.job, group_id, held.grant, "its lease lapsed and was registered again"
             )
@@ -461,8 +460,7 @@ class AsyncClient:
                 return
             grant, hold.grant = hold.grant, None
             if self._lost(group, hold.generation):
-                self._held.pop(group, None)
-                await self._homecomings.settle(group)
+                await self._end_lost_hold(group)
             self._check_hold(group, hold, grant)
             if self._closed or self._conn is None:
                 return
@@ -489,6 +487,11 @@ class AsyncClient:
         """Whether the lease of `group` was registered again since `generation`."""
         lease = self._lease_of(group)
         return lease is not None and lease.generation != generation
+
+    async def _end_lost_hold(self, group: str) -> None:
+        """Forget a hold whose lock was lost, and end its homecoming (see `Homecomings.settle`)."""
+        self._held.pop(group, None)
+        await self._homecomings.settle(group)
 
     def _lease_renewed(self, group: str) -> None:
         """The keep-alive registered `group` again: a lock the job held there is lost, and

@@ -144,23 +144,26 @@ class Leases:
         """Ask the scheduler whether `lease` lives (a KeepAlive, retried through an outage
         until `deadline`); True renews it. False when the scheduler does not know it."""
         generation = lease.generation
-        sent = asyncio.get_running_loop().time()
-        request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
         try:
-            answer = await self._conn.call(
-                "KeepAlive",
-                request,
-                pb.KeepAliveResponse,
-                deadline=deadline,
-                retry_seconds=math.inf,
-            )
+            await self._renewal(lease, deadline)
         except RpcFailed as failed:
             if isinstance(failed.error, LEASE_UNKNOWN):
                 return False
             raise
+        return lease.generation == generation
+
+    async def _renewal(self, lease: Lease, deadline: float | None) -> pb.KeepAliveResponse:
+        """One KeepAlive of `lease`, retried through an outage until `deadline`. Its answer
+        moves the local deadline on, unless the lease was registered again meanwhile."""
+        generation = lease.generation
+        sent = asyncio.get_running_loop().time()
+        request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
+        answer = await self._conn.call(
+            "KeepAlive", request, pb.KeepAliveResponse, deadline=deadline, retry_seconds=math.inf
+        )
         if lease.generation == generation:
             lease.expires_at = sent + answer.ttl_seconds
-        return lease.generation == generation
+        return answer
 
     async def _register(self, group: str, deadline: float | None) -> pb.RegisterResponse:
         s = self._settings
@@ -212,17 +215,9 @@ class Leases:
         while True:
             await asyncio.sleep(max(MIN_KEEPALIVE_INTERVAL, lease.ttl / 3))
             generation = lease.generation
-            sent = loop.time()
-            request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
             try:
                 # Retry through a restart for up to one ttl; the next tick tries again.
-                answer = await self._conn.call(
-                    "KeepAlive",
-                    request,
-                    pb.KeepAliveResponse,
-                    deadline=loop.time() + max(1.0, lease.ttl),
-                    retry_seconds=math.inf,
-                )
+                answer = await self._renewal(lease, loop.time() + max(1.0, lease.ttl))
             except RpcFailed as failed:
                 if isinstance(failed.error, LEASE_UNKNOWN):
                     await self._renew_quietly(lease, generation)
@@ -231,8 +226,6 @@ class Leases:
                 continue
             if answer.ttl_seconds > 0:
                 lease.ttl = answer.ttl_seconds
-            if lease.generation == generation:
-                lease.expires_at = sent + answer.ttl_seconds
             self._note_yield_request(lease, answer)
 
     async def _renew_quietly(self, lease: Lease, generation: int) -> None:
