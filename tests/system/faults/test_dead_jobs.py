@@ -17,6 +17,9 @@ Cases:
   long before its lease would lapse;
 - a job that ends (closes its client) while parked has its worker resumed, so that the
   worker can exit; its parked copy is freed;
+- a job that leaves while its state is on the device (nobody waited at its yield) keeps
+  that memory while its processes live: a restore that needs it fails with a reason, the
+  waiting job's state stays parked, and once the processes exit the restore succeeds;
 - a job that closes its client while parked, bringing its state home (`bring_home=True`), waits
   for its turn, gets its state back bit for bit, and is never snapshotted on its way out.
 """
@@ -29,6 +32,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
+from rlslice import FailedPreconditionError
 from rlslice.client import AsyncClient
 from rlslice.v1alpha1 import agent_pb2 as apb
 
@@ -193,6 +199,38 @@ async def test_a_job_that_ends_while_parked_is_resumed_so_it_can_exit(
             await worker_a.reap()
             await f.eventually(lambda: f.cluster.sim_bytes()["parked"] == 0)
             await f.eventually(lambda: _gone_from_agent(f, "a"))
+            await f.check()
+            await b.yield_()
+
+
+async def test_a_job_that_leaves_resident_keeps_its_device_memory_until_its_processes_exit(
+    faults: Callable[..., Any],
+) -> None:
+    async with faults(capacity_bytes=12 * MiB) as f:
+        await f.put_group(name="g")
+        worker_a = await f.worker("n1", "a")
+        worker_b = await f.worker("n1", "b")
+        async with AsyncClient(job="b", group="g", scheduler=f.address, device_bytes=STATE) as b:
+            await b.acquire(timeout=30)
+            await worker_b.call(op="init", size=STATE, seed=2)
+            await b.yield_()
+            async with AsyncClient(
+                job="a", group="g", scheduler=f.address, device_bytes=STATE
+            ) as a:
+                await a.acquire(timeout=30)  # parks b: both do not fit
+                await worker_a.call(op="init", size=STATE, seed=1)
+                assert (await a.yield_()).waiters == 0  # nobody waits: a stays resident
+            # a left while its state was on the device, and its process lives: that memory
+            # is its own until it exits (as on a GPU), so b's restore cannot fit, and says so.
+            with pytest.raises(FailedPreconditionError, match="out of memory"):
+                await b.acquire(timeout=30)
+            assert worker_b.state == "T"  # still parked, state kept
+            assert (await worker_a.call(op="quit"))["ok"]
+            await worker_a.reap()
+            await f.eventually(lambda: _gone_from_agent(f, "a"))
+            grant = await b.acquire(timeout=30)  # a's memory was freed at its exit
+            assert grant.restored
+            assert worker_b.state not in ("T", "")
             await f.check()
             await b.yield_()
 

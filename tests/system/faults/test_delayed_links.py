@@ -16,18 +16,22 @@ Asserted: never two holders (what the clients see, and GetGroup), the invariants
 `Faults.check` after every grant (parked state where the agents say, the holder not
 frozen), every worker's sha256 unchanged across each park and restore, every acquire
 granted (or failed with a reason, then tried again), and each handoff (the holder's yield
-called until the next job's acquire returns) within HANDOFF_BOUND.
+called until the next job's acquire returns) within HANDOFF_BOUND. A job that has taken its
+turns closes its client and its workers exit, as a finished job's do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from rlslice import RlsliceError
 from rlslice.apps.bench._soak_cluster import Cluster
@@ -48,6 +52,11 @@ TURNS = 3
 HANDOFF_BOUND = 8.0
 
 
+#: Seconds for all the turns (about 21 s measured), below pytest's own timeout so that a
+#: hang fails here and says what it saw.
+TURNS_WITHIN = 90.0
+
+
 @dataclass
 class Links:
     """The proxies in front of the scheduler and of each agent."""
@@ -64,7 +73,10 @@ async def delayed_cluster(
     work: Path, latency: float, nodes: tuple[str, ...]
 ) -> AsyncIterator[tuple[Faults, Links]]:
     """A started cluster whose every network link goes through a `DelayProxy`."""
-    cluster = Cluster(work, nodes=nodes, capacity_bytes=3 * MiB)
+    # At INFO, so that the log tails a hang reports (`_stuck`) show each switch.
+    cluster = Cluster(
+        work, nodes=nodes, capacity_bytes=3 * MiB, scheduler_args=["--log-level", "INFO"]
+    )
     host, port = cluster.address.rsplit(":", 1)
     links = Links(DelayProxy(private_host(1), (host, int(port)), latency).start())
     faults = Faults(cluster)
@@ -76,6 +88,7 @@ async def delayed_cluster(
             # Later flags win: the agent dials the scheduler's proxy, and registers its own.
             agent.service.argv += [
                 "--scheduler", links.scheduler.address, "--advertise-address", proxy.address,
+                "--log-level", "INFO",
             ]  # fmt: skip
         await cluster.start()
         yield faults, links
@@ -136,11 +149,36 @@ async def _take_turns(
         turns.yielded = (job, loop.time())
         await client.yield_()
     await client.close()
+    # And exits, as a finished job does. A job that leaves while its state is on the device
+    # (its yield found nobody waiting, so nothing parked it) keeps that memory for as long
+    # as its processes live: a later restore there fails with a reason until they exit.
+    for worker in workers:
+        worker.kill()
+        await worker.reap()
+
+
+async def _stuck(f: Faults, turns: Turns, work: Path) -> str:
+    """What a hung run saw: the clients' turns, the group, and the tails of the logs."""
+    try:
+        status: object = await f.group()
+    except Exception as error:  # the scheduler itself may be what hangs
+        status = error
+    return (
+        f"the turns did not end within {TURNS_WITHIN:g} s: {turns}\ngroup: {status}{_tails(work)}"
+    )
+
+
+def _tails(work: Path) -> str:
+    return "".join(
+        f"\n--- {log.name}:\n{log.read_text(errors='replace')[-4000:]}"
+        for log in sorted(work.glob("*.log"))
+    )
 
 
 async def test_jobs_take_turns_safely_with_200ms_and_5_percent_loss_on_every_link(
-    tmp_path: Path, nft: Nft
+    tmp_path: Path, nft: Nft, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rlslice")
     async with delayed_cluster(tmp_path / "cluster", LATENCY, ("n1", "n2")) as (f, links):
         for proxy in links.all():
             nft.lose(proxy.host, LOSS_PERCENT)
@@ -158,10 +196,13 @@ async def test_jobs_take_turns_safely_with_200ms_and_5_percent_loss_on_every_lin
             )
             for job in jobs
         ]
-        await asyncio.wait_for(
-            asyncio.gather(*(_take_turns(f, c, live[c.job], turns, live) for c in clients)),
-            300,
-        )
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(_take_turns(f, c, live[c.job], turns, live) for c in clients)),
+                TURNS_WITHIN,
+            )
+        except TimeoutError:
+            pytest.fail(await _stuck(f, turns, tmp_path / "cluster"))
         assert turns.grants >= TURNS * len(jobs)
         assert len(turns.handoffs) >= TURNS * len(jobs) - 2
         assert all(": " in failure and failure.split(": ", 2)[2] for failure in turns.failures)
