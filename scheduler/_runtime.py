@@ -228,3 +228,6 @@ class GroupRuntime:
     busy: BusyWindow = field(default_factory=BusyWindow)
     watchers: set[asyncio.Queue[EventEntry | None]] = field(default_factory=set)
     switch_task: asyncio.Task[None] | None = None
+    commits: set[asyncio.Task[None]] = field(default_factory=set)
+    """Store writes under way whose grants and switches take effect once they land
+    (`Engine._commit_then`): a switch held there has no `switch_task` yet."""

@@ -414,7 +414,9 @@ class Engine:
             else:
                 self._execute(runtime, action, now, followups)
         if held:
-            self._spawn(self._commit_then(runtime, tuple(held)))
+            committing = self._spawn(self._commit_then(runtime, tuple(held)))
+            runtime.commits.add(committing)
+            committing.add_done_callback(runtime.commits.discard)
         metered.follow_transition(self.metrics, before, after)
         self._schedule(runtime)
         for followup in followups:
@@ -635,7 +637,10 @@ class Engine:
     ) -> None:
         """Release a job's state once the group's switch in flight has ended: a switch
         planned before the job left could still snapshot it, parking state that nobody
-        would ever free (and freezing its processes for good)."""
+        would ever free (and freezing its processes for good). A switch still held for its
+        store write (`_commit_then`) starts when that lands: wait for the writes first."""
+        if runtime.commits:
+            await asyncio.wait(set(runtime.commits))
         switch = runtime.switch_task
         if switch is not None and not switch.done():
             await asyncio.wait({switch})

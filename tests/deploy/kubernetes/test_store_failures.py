@@ -16,13 +16,16 @@ Commit before grant (the engine awaits `commit_group` before a grant takes effec
   attempt of its switch counted as a store refusal), the group not held; once the server recovers the next acquire is
   granted and stored;
 - `commit_group` retries a create race (409) on the winner's object, and fails at once on
-  429, 500 and a hung server (the client's deadline).
+  429, 500 and a hung server (the client's deadline);
+- a job that leaves while the switch parking it waits for its write is released only
+  after that switch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -34,13 +37,13 @@ import pytest
 from rlslice._errors import UnavailableError
 from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
-from rlslice.scheduler.core import MAX_SWITCH_ATTEMPTS, GroupState
+from rlslice.scheduler.core import MAX_SWITCH_ATTEMPTS, GroupState, events
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.store import StoreError
 from rlslice.scheduler.store.kubernetes import KubernetesStore
 
-from .conftest import NS
+from .conftest import NS, eventually
 
 pytestmark = pytest.mark.timeout(30)
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
@@ -251,3 +254,55 @@ async def test_a_commit_fails_at_once_when_the_server_refuses_or_hangs(
     assert store.error is not None
     await store.close()  # the background writer lands it after all
     assert _stored_epoch(cluster) == 8
+
+
+@dataclasses.dataclass
+class _Recording:
+    """One agent node; every switch succeeds; the order of switches and releases is kept."""
+
+    log: list[str] = dataclasses.field(default_factory=list)
+
+    def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
+        return ("n1",)
+
+    async def run_switch(self, state: GroupState, switch: Any) -> Any:
+        self.log.append(f"switch to {switch.incoming} evicting {','.join(switch.evict)}")
+        await asyncio.sleep(0)  # the agents' calls take a while
+        self.log.append(f"switch to {switch.incoming} done")
+        return events.SwitchDone(switch.epoch, switch.evict + switch.candidates)
+
+    async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
+        self.log.append(f"release {job}")
+
+    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
+        return {}
+
+
+async def test_a_job_that_leaves_while_its_switch_is_being_stored_is_released_after_it(
+    cluster: kmock.KubernetesEmulator,
+) -> None:
+    # The switch that parks a is held until its ConfigMap write lands; a's Unregister comes
+    # in meanwhile. Releasing a before that switch runs would let the switch snapshot a
+    # job that already left: its processes frozen, its parked copy kept, for good.
+    runner = _Recording()
+    store = KubernetesStore(KubeAPI(str(cluster.url), timeout=5), NS, "t")
+    metrics = SchedulerMetrics()
+    engine = Engine(store, runner, metrics, auto_create_groups=True)
+    await engine.start()
+    engine.recover()
+    try:
+        a = engine.register("g1", "a", 30, None, None, 0)
+        b = engine.register("g1", "b", 30, None, None, 0)
+        await engine.acquire("g1", "a", a.lease_id, a.secret, "")
+        waiting = asyncio.ensure_future(engine.acquire("g1", "b", b.lease_id, b.secret, ""))
+        await eventually(lambda: engine.groups["g1"].state.queue, what="b queued")
+        engine.yield_("g1", "a", a.lease_id, a.secret)  # the switch to b: stored first
+        engine.unregister(a.lease_id, a.secret)
+        grant = await asyncio.wait_for(waiting, 10)
+        assert grant.job == "b"
+        await eventually(lambda: "release a" in runner.log, what="a released")
+        assert runner.log.index("release a") > runner.log.index("switch to b done"), runner.log
+    finally:
+        await engine.close()
+        await store.close()
+        metrics.close()
