@@ -68,7 +68,7 @@ def _expand_one(item: str) -> list[str]:
     prefix, body, rest = item[:start], item[start + 1 : end], item[end + 1 :]
     numbers: list[str] = []
     for part in body.split(","):
-        match = _RANGE.match(part.strip())
+        match = _RANGE.fullmatch(part.strip())
         if match is None:
             raise ValueError(f"host list item {item!r}: {part!r} is not N or N-M")
         low, high = match.group(1), match.group(2) or match.group(1)

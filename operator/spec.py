@@ -61,7 +61,7 @@ def parse_quantity(value: object, field: str) -> int:
         if value < 0:
             raise InvalidArgumentError(f"{field}: {value} is negative")
         return value
-    match = _QUANTITY.match(str(value).strip())
+    match = _QUANTITY.fullmatch(str(value).strip())
     if match is None:
         raise InvalidArgumentError(
             f"{field}: {value!r} is not a quantity (like 2Gi, 500M or a number of bytes)"

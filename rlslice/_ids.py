@@ -25,7 +25,7 @@ def validate_id(value: object, field: str) -> str:
         raise InvalidArgumentError(
             f"{field}: {len(value)} characters, at most {MAX_ID_LENGTH} allowed"
         )
-    if not _DNS1123_LABEL.match(value):
+    if not _DNS1123_LABEL.fullmatch(value):
         shown = value if value.isprintable() else repr(value)
         raise InvalidArgumentError(
             f"{field}: {shown!r} is not a DNS-1123 label "
@@ -39,7 +39,7 @@ def is_valid_id(value: object) -> bool:
     return (
         isinstance(value, str)
         and 0 < len(value) <= MAX_ID_LENGTH
-        and bool(_DNS1123_LABEL.match(value))
+        and bool(_DNS1123_LABEL.fullmatch(value))
     )
 
 

@@ -53,7 +53,7 @@ def parse_size(text: str) -> int:
     >>> parse_size("2G")
     2000000000
     """
-    match = _SIZE.match(text)
+    match = _SIZE.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a size (try 16GiB or 512MiB)")
     number, unit = float(match.group(1)), (match.group(2) or "").lower()

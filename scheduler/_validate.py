@@ -29,7 +29,7 @@ def lease(lease_id: str, secret: str) -> None:
     """A lease id is hex; a secret is non-empty and bounded."""
     if not lease_id:
         raise InvalidArgumentError("lease_id: must not be empty")
-    if not _LEASE_ID.match(lease_id):
+    if not _LEASE_ID.fullmatch(lease_id):
         raise InvalidArgumentError("lease_id: not a lease id returned by Register")
     if not secret:
         raise InvalidArgumentError("secret: must not be empty")
@@ -64,7 +64,7 @@ def register(request: pb.RegisterRequest) -> None:
         raise InvalidArgumentError(f"weight: {request.weight} is outside (0, 1000]")
     if request.device_bytes < 0:
         raise InvalidArgumentError(f"device_bytes: {request.device_bytes} is negative")
-    if request.session and not _SESSION.match(request.session):
+    if request.session and not _SESSION.fullmatch(request.session):
         raise InvalidArgumentError(
             f"session: {request.session[:64]!r} must be 1 to 64 letters, digits, '-' or '_'"
         )

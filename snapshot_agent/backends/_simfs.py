@@ -112,7 +112,7 @@ def job_buffers(node_dir: Path, job: str) -> list[BufferFile]:
     except FileNotFoundError:
         return []
     for entry in entries:
-        match = _BUFFER.match(entry.name)
+        match = _BUFFER.fullmatch(entry.name)
         if match is None:
             continue
         try:

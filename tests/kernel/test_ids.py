@@ -24,6 +24,8 @@ def test_labels_are_accepted(good: str) -> None:
         ("under_score", "not a DNS-1123 label"),
         ("dot.ted", "not a DNS-1123 label"),
         ("ünï", "not a DNS-1123 label"),
+        ("grpo\n", "not a DNS-1123 label"),
+        ("\ngrpo", "not a DNS-1123 label"),
         (7, "must be a string"),
     ],
 )

@@ -6,7 +6,7 @@ oversized; lease seconds negative, huge or NaN; weight and priority out of range
 device bytes; duplicate register; acquire with another job's lease, a wrong secret, an
 unknown lease, a lease of another group, twice, with an oversized phase, for an unknown
 group; yield by a non-holder; a malformed lease id; PutGroup without a spec or with bad
-fields; DeleteGroup of a held group without force; GetGroup of an unknown group;
+fields; every id, token and the session with a trailing newline; DeleteGroup of a held group without force; GetGroup of an unknown group;
 RegisterAgent with a bad node or address; GetEvents with a negative limit. Also: Register
 for an unknown group is NOT_FOUND when groups are not auto-created. (The holder's second
 acquire changes one thing: the state records that its client was told it holds.)
@@ -67,6 +67,13 @@ CASES: list[tuple[str, str, Callable[[Leases], Any], C, str]] = [
     ("GetGroup", "unknown group", lambda ls: pb.GetGroupRequest(group="nope"), C.NOT_FOUND, "group"),
     ("RegisterAgent", "bad node", lambda ls: pb.RegisterAgentRequest(node="N_1", address="127.0.0.1:1"), C.INVALID_ARGUMENT, "node"),
     ("RegisterAgent", "no address", lambda ls: pb.RegisterAgentRequest(node="n1"), C.INVALID_ARGUMENT, "address"),
+    # A trailing newline passes `^...$` with re.match: every id and token is matched whole.
+    ("Register", "job with a trailing newline", lambda ls: pb.RegisterRequest(job="x\n", group="g"), C.INVALID_ARGUMENT, "job"),
+    ("Register", "group with a trailing newline", lambda ls: pb.RegisterRequest(job="x", group="g\n"), C.INVALID_ARGUMENT, "group"),
+    ("Register", "session with a trailing newline", lambda ls: pb.RegisterRequest(job="x", group="g", session="s\n"), C.INVALID_ARGUMENT, "session"),
+    ("KeepAlive", "lease id with a trailing newline", lambda ls: pb.KeepAliveRequest(lease_id=ls["a"].lease_id + "\n", secret=ls["a"].secret), C.INVALID_ARGUMENT, "lease_id"),
+    ("PutGroup", "name with a trailing newline", lambda ls: pb.PutGroupRequest(spec=pb.GroupSpec(name="g\n")), C.INVALID_ARGUMENT, "spec"),
+    ("RegisterAgent", "node with a trailing newline", lambda ls: pb.RegisterAgentRequest(node="n1\n", address="127.0.0.1:1"), C.INVALID_ARGUMENT, "node"),
     ("GetEvents", "negative limit", lambda ls: pb.GetEventsRequest(group="g", limit=-1), C.INVALID_ARGUMENT, "limit"),
 ]  # fmt: skip
 

@@ -36,7 +36,7 @@ def _text(pool: Sequence[str]) -> st.SearchStrategy[str]:
     return st.one_of(
         st.sampled_from(list(pool) or ["a"]),
         st.text(max_size=80),
-        st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=70),
+        st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-\n", min_size=1, max_size=70),
         st.sampled_from(["", "-a", "A", "a" * 64, "a" * 70_000, "ä", "g\n", "g\x00", "../x"]),
     )
 

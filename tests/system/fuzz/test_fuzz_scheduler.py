@@ -29,7 +29,7 @@ FUZZ = settings(
 
 texts = st.one_of(
     st.text(max_size=80),
-    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=70),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-\n", min_size=1, max_size=70),
     st.sampled_from(["", "a", "g", "-a", "A", "a" * 64, "a" * 100_000, "ä", "g\n", "g\x00"]),
 )
 ids = st.one_of(st.sampled_from(["a", "g", "b", "h"]), texts)
