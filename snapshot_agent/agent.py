@@ -24,7 +24,7 @@ from rlslice.adapters.server import (
 from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.local_service import LocalAgentServicer
 from rlslice.snapshot_agent.metrics import AgentMetrics
-from rlslice.snapshot_agent.peercred import PeerCredRelay
+from rlslice.snapshot_agent.peercred import PeerCredRelay, private_folder
 from rlslice.snapshot_agent.scheduler_link import SchedulerLink
 from rlslice.snapshot_agent.service import METHOD_ROLES, AgentServicer
 from rlslice.snapshot_agent.settings import AgentSettings
@@ -138,6 +138,13 @@ async def _serve(
 ) -> tuple[GrpcServer, grpc.aio.Server, PeerCredRelay]:
     """The Agent service on TCP and LocalAgent behind the credential relay, both serving;
     on failure everything started is stopped and the engine closed."""
+    try:
+        relay = PeerCredRelay(
+            settings.socket_path, settings.socket_mode, private_folder(settings.state_dir)
+        )
+    except BaseException:
+        await engine.close()  # a live agent on this state directory: nothing else started
+        raise
     grpc_server = await GrpcServer.create(
         tokens={Role.AGENT: settings.token},
         methods=METHOD_ROLES,
@@ -146,7 +153,6 @@ async def _serve(
         options=[("grpc.so_reuseport", 0)],
     )
     agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(engine), grpc_server.server)
-    relay = PeerCredRelay(settings.socket_path, settings.socket_mode)
     local_server = grpc.aio.server(options=SERVER_OPTIONS)
     agent_pb2_grpc.add_LocalAgentServicer_to_server(LocalAgentServicer(engine, relay), local_server)
     local_server.add_insecure_port(relay.internal_address)

@@ -3,7 +3,8 @@
 gRPC does not tell a servicer the pid behind a Unix-socket call. So the agent accepts
 connections on the public socket itself, reads the caller's credentials from the kernel
 (SO_PEERCRED: pid, uid, gid, as of connect), and relays the bytes to the LocalAgent gRPC
-server on a private socket in a 0700 folder. Each relayed connection comes from its own
+server on a private socket in a 0700 folder (`private_folder`: fixed per agent, emptied at
+start, so a killed agent leaves nothing that piles up). Each relayed connection comes from its own
 client address (`<private>/c<n>`), which gRPC reports as the call's peer; `peer()` maps it
 back to the credentials. A call that does not come through the relay has no mapping and is
 refused. No request field ever names the pid.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import logging
 import os
@@ -58,13 +60,51 @@ def _remove_stale(path: Path) -> None:
         probe.close()
 
 
+# sun_path holds 108 bytes; a relayed client's address is `<private>/c<n>`.
+_MAX_PRIVATE_PATH = 90
+
+
+def private_folder(state_dir: Path) -> Path:
+    """Where the relay's private sockets live: `<state_dir>/relay`, or, when that path is
+    too long for a Unix socket address, a fixed name in the temporary directory derived
+    from the state directory (so the same agent always reuses, and cleans, the same one)."""
+    preferred = state_dir / "relay"
+    if len(os.fsencode(preferred)) <= _MAX_PRIVATE_PATH:
+        return preferred
+    digest = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"rlslice-agent-{digest}"
+
+
+def _fresh_private(folder: Path) -> Path:
+    """Empty `folder` (a leftover of a killed agent) and make it anew, 0700 and ours; refuse
+    when a live agent still serves from it."""
+    inner = folder / "g"
+    if inner.is_socket():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(inner))
+        except OSError:
+            pass  # nobody listens: a leftover
+        else:
+            raise SocketInUseError(f"state_dir: another live agent uses {folder}")
+        finally:
+            probe.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700)  # fails if someone else made it in between: fail closed
+    info = folder.lstat()
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise PermissionError(f"state_dir: private relay folder {folder} is not ours alone")
+    return folder
+
+
 class PeerCredRelay:
     """The public Unix socket in front of the private LocalAgent gRPC server."""
 
-    def __init__(self, public_path: Path, mode: int) -> None:
+    def __init__(self, public_path: Path, mode: int, private: Path) -> None:
         self.public_path = public_path
         self._mode = mode
-        self._private = Path(tempfile.mkdtemp(prefix="rlslice-agent-"))  # mode 0700
+        self._private = _fresh_private(private)
         self.internal_address = f"unix:{self._private / 'g'}"
         self._peers: dict[str, Peer] = {}
         self._counter = itertools.count()
