@@ -2,13 +2,15 @@
 
 The one error translator of both servers: `answer(context, work)` runs a handler's work and
 turns an rlslice error into its status code and one-line message, and anything else into
-INTERNAL (logged with its traceback, answered with one line); clients turn a failed call
+INTERNAL (logged with its traceback under an incident id; the caller gets only that id,
+never the exception's text, which may hold paths, secrets or other tenants' names); clients turn a failed call
 back into the rlslice error with `error_from_rpc`.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -59,14 +61,18 @@ async def answer(
     log: logging.Logger = _log,
 ) -> T:
     """`await work()`; an rlslice error aborts the call with its status and one-line
-    message, any other exception with INTERNAL (its traceback goes to `log`)."""
+    message, any other exception with INTERNAL: its traceback goes to `log` under an
+    incident id, and the caller is told only that id."""
     try:
         return await work()
     except e.RlsliceError as error:
         await abort_with(context, error)
     except Exception as error:
-        log.exception("call failed")
-        await abort_with(context, e.InternalError(f"{type(error).__name__}: {error}"))
+        incident = secrets.token_hex(4)
+        log.exception("call failed (incident %s): %s: %s", incident, type(error).__name__, error)
+        await abort_with(
+            context, e.InternalError(f"internal error (incident {incident}, in the server's log)")
+        )
     raise AssertionError("abort returns by raising")  # pragma: no cover
 
 
