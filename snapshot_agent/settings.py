@@ -82,7 +82,7 @@ class AgentSettings(BaseModel):
     """Node name, a DNS-1123 label; defaults to the host name made into one."""
     address: str = "127.0.0.1:0"
     """TCP address of the Agent service, `host:port` (port 0 picks a free one). A
-    non-loopback host needs an agent token or TLS."""
+    non-loopback host needs an agent token (mutual TLS alone does not do)."""
     advertise_address: str | None = None
     """Address the scheduler should dial; defaults to `address` with the bound port (and
     the host name in place of an unspecified host such as 0.0.0.0)."""

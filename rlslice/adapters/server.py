@@ -9,7 +9,7 @@ testing kit, the benches) build their servers here, so both answer the same way:
 - `TokenAuthInterceptor` (in `rlslice.adapters.auth`) refuses every method it has no role
   for, except the health and reflection services, which are open by design;
 - `check_exposure` refuses, before any port is bound, to listen beyond this host while a
-  role is open (no token and no mutual TLS);
+  role is open (no token; mutual TLS stands in for the job token only);
 - `GrpcServer` binds (TLS when configured, IPv6 literals bracketed), starts, reports health
   NOT_SERVING until its owner says SERVING, and stops;
 - `serve_metrics` starts the Prometheus endpoint of a registry.
@@ -74,24 +74,25 @@ def check_exposure(
 ) -> None:
     """Refuse to serve beyond this host while any caller could act unauthenticated.
 
-    Every role needs its bearer token, unless mutual TLS (`tls.client_ca`) already
-    authenticates callers. Loopback addresses are exempt: only this host reaches them.
-    Raises `InvalidArgumentError` naming the address, the open roles and the flags to set.
+    Every role needs its bearer token. Mutual TLS (`tls.client_ca`) stands in for the job
+    token only: it proves a caller holds some certificate of the CA, which every job's pod
+    may hold, so it never grants the admin or agent role (a job's certificate must not put
+    groups or register as a node). Loopback addresses are exempt: only this host reaches
+    them. Raises `InvalidArgumentError` naming the address, the open roles and the flags.
     """
     if is_loopback(host_of(address)) or allow_unauthenticated:
         return
-    if tls is not None and tls.client_ca:
-        return
-    open_roles = [role for role in tokens if not tokens[role]]
+    mutual = tls is not None and bool(tls.client_ca)
+    open_roles = [role for role in tokens if not tokens[role] and not (mutual and role is Role.JOB)]
     if not open_roles:
         return
     names = "/".join(role.value for role in open_roles)
     flags = ", ".join(token_flags[role] for role in open_roles)
     plural = "s are" if len(open_roles) > 1 else " is"
+    instead = " (mutual TLS stands in for the job token only)" if mutual else ""
     raise InvalidArgumentError(
         f"address: {address} is reachable beyond this host and the {names} role{plural} "
-        f"open; set {flags}, mutual TLS (--tls-client-ca), or --allow-unauthenticated "
-        "on a trusted network"
+        f"open{instead}; set {flags}, or --allow-unauthenticated on a trusted network"
     )
 
 

@@ -203,6 +203,18 @@ def test_several_scheduler_replicas_need_election_and_the_shared_store(
     assert "scheduler.replicas > 1 needs scheduler.leaderElection.enabled" in result.stderr
 
 
+@pytest.mark.parametrize("tls", ["false", "true"])
+def test_an_agent_without_its_token_is_not_rendered_even_with_mutual_tls(
+    helm: Path, tls: str
+) -> None:
+    # Any certificate of the CA (a job's pod may hold one) must not act as the scheduler.
+    args = ["template", RELEASE, str(CHART), "--set", "tokens.enabled=false"]
+    args += ["--set", f"tls.enabled={tls}", "--set", "tls.secretName=rlslice-tls"]
+    result = run_helm(helm, *args)
+    assert result.returncode != 0
+    assert "agent: listening beyond loopback needs tokens.enabled" in result.stderr
+
+
 def test_the_scheduler_elects_a_leader_by_default(default_objects: list[dict[str, Any]]) -> None:
     scheduler = find(default_objects, "Deployment", "scheduler")
     name = scheduler["metadata"]["name"]
@@ -672,7 +684,12 @@ def test_the_scheduler_is_told_it_may_serve_open_only_when_tokens_are_turned_off
     )
     objects = render(
         helm,
-        sets=["tokens.enabled=false", "tls.enabled=true", "tls.secretName=rlslice-tls"],
+        sets=[
+            "tokens.enabled=false",
+            "tls.enabled=true",
+            "tls.secretName=rlslice-tls",
+            "agent.enabled=false",
+        ],
     )
     env = env_of(find(objects, "Deployment", "scheduler"))
     assert env["RLSLICE_ALLOW_UNAUTHENTICATED"] == "true"

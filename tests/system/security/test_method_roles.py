@@ -102,12 +102,17 @@ async def test_a_served_method_without_a_role_is_refused_and_never_runs() -> Non
     assert servicer.calls == ["ListGroups"]
 
 
-def test_beyond_loopback_an_open_role_is_refused_unless_mutual_tls(tmp_path: Path) -> None:
-    flags = {Role.AGENT: "--token-file"}
+def test_beyond_loopback_an_open_role_is_refused_and_mutual_tls_covers_only_jobs(
+    tmp_path: Path,
+) -> None:
+    flags = {Role.AGENT: "--token-file", Role.JOB: "--job-token-file"}
     server_tls = TLSConfig(cert=tmp_path / "c.pem", key=tmp_path / "k.pem")
     with pytest.raises(InvalidArgumentError, match=r"^address: 0\.0\.0\.0:1 .* agent role is"):
         check_exposure("0.0.0.0:1", {Role.AGENT: None}, server_tls, token_flags=flags)
     mutual = server_tls.model_copy(update={"client_ca": tmp_path / "ca.pem"})
-    check_exposure("0.0.0.0:1", {Role.AGENT: None}, mutual, token_flags=flags)
+    # Any certificate of the CA (a job's too) must not be an agent: the token stays needed.
+    with pytest.raises(InvalidArgumentError, match="agent role is open"):
+        check_exposure("0.0.0.0:1", {Role.AGENT: None}, mutual, token_flags=flags)
+    check_exposure("0.0.0.0:1", {Role.JOB: None, Role.AGENT: "t"}, mutual, token_flags=flags)
     check_exposure("0.0.0.0:1", {Role.AGENT: "t"}, None, token_flags=flags)
     check_exposure("[::1]:1", {Role.AGENT: None}, None, token_flags=flags)

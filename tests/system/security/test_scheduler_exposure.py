@@ -2,7 +2,9 @@
 
 Cases:
 - check_exposure over a table: loopback passes whatever the tokens; a reachable address
-  passes only with a token for every role, mutual TLS, or the explicit opt-in; a refusal
+  passes only with a token for every role (mutual TLS stands in for the job token, never
+  for the admin or agent token: any CA certificate, a job's included, would otherwise get
+  those roles), or the explicit opt-in; a refusal
   names the address field and exactly the open roles;
 - start_scheduler refuses before binding: the port stays free;
 - the real `rlslice scheduler` command exits with a one-line message, and starts on the
@@ -35,9 +37,21 @@ ALL_TOKENS = {"job_token": "j", "admin_token": "a", "agent_token": "g"}
         {"address": "[::1]:0"},
         {"address": "0.0.0.0:0", **ALL_TOKENS},
         {"address": "0.0.0.0:0", "allow_unauthenticated": True},
-        {"address": "[::]:0", "tls": TLSConfig(cert="c.pem", key="k.pem", client_ca="ca.pem")},
+        {
+            "address": "[::]:0",
+            "tls": TLSConfig(cert="c.pem", key="k.pem", client_ca="ca.pem"),
+            "admin_token": "a",
+            "agent_token": "g",
+        },
     ],
-    ids=["ipv4-loopback", "localhost", "ipv6-loopback", "all-tokens", "opt-in", "mutual-tls"],
+    ids=[
+        "ipv4-loopback",
+        "localhost",
+        "ipv6-loopback",
+        "all-tokens",
+        "opt-in",
+        "mutual-tls-for-jobs",
+    ],
 )
 def test_an_exposure_that_authenticates_every_role_is_accepted(fields: dict[str, object]) -> None:
     check_exposure(SchedulerSettings.model_validate(fields))
@@ -53,8 +67,30 @@ def test_an_exposure_that_authenticates_every_role_is_accepted(fields: dict[str,
             {"address": "0.0.0.0:50551", "tls": TLSConfig(cert="c.pem", key="k.pem")},
             "job/admin/agent roles are",
         ),
+        (
+            {
+                "address": "0.0.0.0:50551",
+                "tls": TLSConfig(cert="c.pem", key="k.pem", client_ca="ca.pem"),
+            },
+            "admin/agent roles are",
+        ),
+        (
+            {
+                "address": "0.0.0.0:50551",
+                "tls": TLSConfig(cert="c.pem", key="k.pem", client_ca="ca.pem"),
+                "admin_token": "a",
+            },
+            "agent role is",
+        ),
     ],
-    ids=["no-tokens", "job-only", "agent-open", "server-tls-only"],
+    ids=[
+        "no-tokens",
+        "job-only",
+        "agent-open",
+        "server-tls-only",
+        "mutual-tls-without-role-tokens",
+        "mutual-tls-agent-open",
+    ],
 )
 def test_a_reachable_address_with_an_open_role_is_refused_naming_the_roles(
     fields: dict[str, object], open_roles: str
