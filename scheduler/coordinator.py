@@ -141,6 +141,12 @@ class Coordinator:
         """Times switches; the engine's clock (the loop's) when the server builds both."""
         self._channels: dict[str, _Channel] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._pinned: dict[str, tuple[tuple[str, ...], Callable[[], bool]]] = {}
+        """Group -> (nodes it keeps, whether state still holds it there): a group whose
+        selector resolves to other nodes keeps the old ones while state is on them."""
+        self._once_kept: dict[str, set[str]] = {}
+        """Group -> nodes it kept once: releases still reach them (a job that left may have
+        left a copy there; a node that never knew the job answers NOT_FOUND)."""
 
     # -- agents -----------------------------------------------------------------------
 
@@ -156,8 +162,21 @@ class Coordinator:
 
     def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
         """The group's nodes: its spec's `nodes`, else the registered agents whose labels
-        match its node selector (all of them without one); see `core.membership`."""
+        match its node selector (all of them without one); see `core.membership`. A group
+        pinned by `keep_nodes` answers its kept nodes while its state still holds them."""
+        pinned = self._pinned.get(spec.name)
+        if pinned is not None:
+            nodes, holds = pinned
+            if holds():
+                return nodes
+            del self._pinned[spec.name]
+            self._once_kept.setdefault(spec.name, set()).update(nodes)
+            log.info("group %s: no state left on its kept nodes %s", spec.name, list(nodes))
         return group_nodes(spec, {node: agent.labels for node, agent in self.agents.items()})
+
+    def keep_nodes(self, group: str, nodes: tuple[str, ...], holds: Callable[[], bool]) -> None:
+        """Answer `nodes` for `group` while `holds()` (state parked on them) says so."""
+        self._pinned[group] = (nodes, holds)
 
     async def close(self) -> None:
         """Close every channel."""
@@ -499,7 +518,11 @@ class Coordinator:
                 quiet = error.code == grpc.StatusCode.NOT_FOUND
                 log.log(logging.DEBUG if quiet else logging.WARNING, "%s", error)
 
-        await asyncio.gather(*(one(node) for node in self.nodes_for(spec)))
+        nodes = self.nodes_for(spec)
+        pinned = self._pinned.get(spec.name)
+        kept = self._once_kept.get(spec.name, set()) | set(pinned[0] if pinned else ())
+        nodes = (*nodes, *sorted(kept - set(nodes)))
+        await asyncio.gather(*(one(node) for node in nodes))
 
 
 def _node_moves(

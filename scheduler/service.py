@@ -24,6 +24,7 @@ from rlslice.scheduler import _proto, _validate, registration
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler.coordinator import Coordinator
 from rlslice.scheduler.core import GroupState
+from rlslice.scheduler.core.spec_change import jobs_off_device, node_change_refusal
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.store import AgentRecord
 from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -268,6 +269,27 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.engine.delete_group(request.group, request.force)
         return pb.DeleteGroupResponse()
 
+    def _keep_nodes_with_state(self, before: dict[str, tuple[str, ...]]) -> None:
+        """A group whose selector now resolves to other nodes (an agent's labels changed)
+        keeps its old nodes while state is parked on them (see `core.spec_change`)."""
+        for name, old in before.items():
+            runtime = self.engine.groups.get(name)
+            if runtime is None:
+                continue
+            refusal = node_change_refusal(
+                runtime.state, old, self.coordinator.nodes_for(runtime.state.spec)
+            )
+            if refusal is None:
+                continue
+            log.warning("agent registration: %s", refusal)
+
+            def holds(name: str = name, runtime: GroupRuntime = runtime) -> bool:
+                return self.engine.groups.get(name) is runtime and bool(
+                    jobs_off_device(runtime.state)
+                )
+
+            self.coordinator.keep_nodes(name, old, holds)
+
     @_refusals
     async def RegisterAgent(
         self, request: pb.RegisterAgentRequest, context: Context
@@ -282,7 +304,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             labels=dict(request.labels),
             registered_at=self.engine.clock(),
         )
+        before = {
+            name: self.coordinator.nodes_for(runtime.state.spec)
+            for name, runtime in self.engine.groups.items()
+        }
         self.coordinator.add_agent(record)
+        self._keep_nodes_with_state(before)
         self.engine.store.save_agent(record)
         self.engine.metrics.agents.set(len(self.coordinator.agents))
         groups = [

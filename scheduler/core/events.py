@@ -17,7 +17,8 @@ class Register:
     secret_hash: str
     lease_seconds: float
     priority: int | None = None
-    """Overrides the group spec's value for the job when set."""
+    """The job's own value when set; a job the group spec lists takes the spec's (the
+    admin's) priority and weight instead."""
     weight: float | None = None
     device_bytes: int = 0
     session: str = ""

@@ -26,6 +26,7 @@ from rlslice.scheduler.core import actions as a
 from rlslice.scheduler.core import events as ev
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.policies import pick
+from rlslice.scheduler.core.spec_change import spec_change_refusal
 from rlslice.scheduler.core.state import (
     GroupState,
     JobRecord,
@@ -121,6 +122,9 @@ def _register(tx: _Tx, e: ev.Register) -> None:
             f"job: {e.job!r} already has a live lease in group {s.name!r}; "
             "unregister it or let it lapse"
         )
+    # A job the admin listed in the spec takes the spec's priority and weight (the admin's
+    # word wins); Register's values count only for a job the spec does not list.
+    listed = _listed(s.spec, e.job)
     known = s.spec.job(e.job)
     record = JobRecord(
         name=e.job,
@@ -128,8 +132,8 @@ def _register(tx: _Tx, e: ev.Register) -> None:
         secret_hash=e.secret_hash,
         lease_seconds=e.lease_seconds,
         expires_at=tx.now + e.lease_seconds,
-        priority=known.priority if e.priority is None else e.priority,
-        weight=known.weight if e.weight is None else e.weight,
+        priority=known.priority if listed or e.priority is None else e.priority,
+        weight=known.weight if listed or e.weight is None else e.weight,
         device_bytes=e.device_bytes,
         session=e.session,
     )
@@ -730,6 +734,10 @@ def _remove(
         tx.emit(a.ReleaseState(job, force))
 
 
+def _listed(spec: GroupSpec, job: str) -> bool:
+    return any(listed.name == job for listed in spec.jobs)
+
+
 def _require_job(s: GroupState, job: str) -> JobRecord:
     record = s.jobs.get(job)
     if record is None:
@@ -743,7 +751,15 @@ def _require_job(s: GroupState, job: str) -> JobRecord:
 def _put_group(tx: _Tx, e: ev.PutGroup) -> None:
     if e.spec.name != tx.s.name:
         raise InvalidArgumentError(f"spec.name: {e.spec.name!r} is not group {tx.s.name!r}")
-    tx.set(spec=e.spec)
+    refusal = spec_change_refusal(tx.s.spec, e.spec, tx.s)
+    if refusal is not None:
+        raise FailedPreconditionError(refusal)
+    jobs = dict(tx.s.jobs)
+    for listed in e.spec.jobs:  # the admin's priority and weight win over Register's
+        record = jobs.get(listed.name)
+        if record is not None:
+            jobs[listed.name] = replace(record, priority=listed.priority, weight=listed.weight)
+    tx.set(spec=e.spec, jobs=jobs)
     tx.record(Kind.GROUP_PUT)
     _check_hold(tx)
     _serve(tx)
