@@ -473,7 +473,7 @@ class Engine:
             if self.groups.get(name) is runtime and not self._closed:
                 self._undo_held(runtime, held, _refusal(error, "not granted"))
             return
-        self.metrics.store_healthy.set(1)
+        self._note_store()  # still unhealthy while the store refuses another group for good
         if self.groups.get(name) is not runtime or self._closed:
             return
         followups: list[events.Event] = []

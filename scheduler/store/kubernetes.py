@@ -23,6 +23,16 @@ fail it) and raises `StoreError` naming the store when the write fails. Writes o
 are serialized (a lock per group), so a slower background write never lands after, and
 over, a commit's newer state.
 
+One group cannot hold up the rest: the background writer takes the dirty groups (and the
+agents' ConfigMap) in turn, and a group whose write fails waits out its own backoff while
+the others are written. A refusal that names the object itself (400, 413, 422: too large
+for a ConfigMap, invalid) can never succeed on a retry of that state: the group is
+*poisoned*, logged at ERROR with its name and the API's reason, `error` (the health gauge)
+names it, and its `commit_group` fails at once, so the engine gives back what it held for
+that group. Its newest state is still tried every POISON_RETRY_SECONDS once it changed (a
+job left, say); the first that lands clears the poison. `flush` does not wait for a
+poisoned group.
+
 `fence` (set by leader election) is asked before every write: a replica that lost the
 Lease writes nothing more (its unwritten states are dropped with an error in the log), so
 a deposed leader's late flush can never overwrite what the new leader stored. `KubeAPI` (from the shared kernel,
@@ -33,10 +43,11 @@ election and the agent's Kubernetes mode share; it is re-exported here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlslice.adapters.kube import KubeAPI, KubeError, namespace_in_cluster
@@ -50,6 +61,23 @@ STORE_LABEL = "rlslice.dev/store"
 
 __all__ = ["KubeAPI", "KubeError", "KubernetesStore", "namespace_in_cluster"]
 
+PERMANENT_STATUSES = frozenset({400, 413, 422})
+"""Refusals of the object itself (invalid, too large): retrying the same state cannot help.
+409, 429, 5xx and no answer are retried; 401/403 (credentials, RBAC) concern every object
+alike and are retried too, so a fixed Role heals the store without a restart."""
+POISON_RETRY_SECONDS = 30.0
+"""How often a poisoned group's newest state is tried again, once it changed."""
+_AGENTS = ""  # the agents' ConfigMap among the writer's keys (no group is named "")
+
+
+@dataclass(slots=True)
+class _Poison:
+    """A key whose write the API server refused for good."""
+
+    reason: str
+    refused: object  # the state (or the agents' version) it refused
+    retry_at: float
+
 
 class KubernetesStore:
     """Group states and agents in ConfigMaps named `<prefix>-group-<group>` and
@@ -62,6 +90,10 @@ class KubernetesStore:
         self._dirty: dict[str, GroupState | None] = {}  # None: delete
         self._agents: dict[str, AgentRecord] = {}
         self._agents_dirty = False
+        self._agents_version = object()  # replaced on every agent change
+        self._retry_at: dict[str, float] = {}  # per key: no attempt before (loop time)
+        self._backoff: dict[str, float] = {}  # per key: the next transient failure's wait
+        self._poisoned: dict[str, _Poison] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -69,7 +101,7 @@ class KubernetesStore:
         self._locks: dict[str, asyncio.Lock] = {}  # per group: one write at a time
         self._closed = False
         self.error: str | None = None
-        """Why the last write failed; None once a write succeeded."""
+        """Why the last write failed; None once a write succeeded and no group is poisoned."""
         self.fence: Callable[[], bool] | None = None
         """Asked before every write; False: this replica may no longer write."""
 
@@ -148,11 +180,13 @@ class KubernetesStore:
     def save_agent(self, agent: AgentRecord) -> None:
         self._agents[agent.node] = agent
         self._agents_dirty = True
+        self._agents_version = object()
         self._kick()
 
     def delete_agent(self, node: str) -> None:
         self._agents.pop(node, None)
         self._agents_dirty = True
+        self._agents_version = object()
         self._kick()
 
     async def commit_group(self, name: str) -> None:
@@ -164,15 +198,23 @@ class KubernetesStore:
                 return
             if self.fence is not None and not self.fence():
                 raise StoreError(f"{self._describe(name)}: not leading any more")
+            poison = self._poisoned.get(name)
+            if poison is not None:
+                raise StoreError(f"{self._describe(name)}: refused for good: {poison.reason}")
             state = self._dirty[name]
             try:
                 await self._write_group_once_more_on_conflict(name, state)
             except KubeError as error:
-                self.error = str(error)
+                self._refused(name, state, error, quiet=True)  # the engine logs it
                 raise StoreError(f"{self._describe(name)}: {error}") from None
             if self._dirty.get(name) is state:  # not replaced meanwhile
                 del self._dirty[name]
-            self.error = None
+            self._landed(name)
+
+    @property
+    def poisoned(self) -> dict[str, str]:
+        """Groups (and "" for the agents' ConfigMap) refused for good, with the reason."""
+        return {key: poison.reason for key, poison in self._poisoned.items()}
 
     def _describe(self, name: str) -> str:
         return f"kubernetes store (ConfigMap {self.namespace}/{self._group_object(name)})"
@@ -193,7 +235,8 @@ class KubernetesStore:
             await self._write_group(name, state)
 
     async def flush(self) -> None:
-        while self._dirty or self._agents_dirty or not self._idle.is_set():
+        """Return once everything recorded is written, but for poisoned groups' states."""
+        while self._pending() or not self._idle.is_set():
             self._kick()
             await self._idle.wait()
 
@@ -225,53 +268,143 @@ class KubernetesStore:
             )
 
     async def _write_loop(self) -> None:
-        backoff = 0.1
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._dirty or self._agents_dirty:
+            if self.fence is not None and not self.fence() and (self._dirty or self._agents_dirty):
+                self._drop_unwritten()
+            due, wait = self._schedule(loop.time())
+            if not due:
+                if not self._pending():
+                    self._idle.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                self._wake.clear()
+                continue
+            for key in due:  # each due key once per round: a failing one blocks no other
                 if self.fence is not None and not self.fence():
-                    self._drop_unwritten()
                     break
-                try:
-                    await self._write_once()
-                    backoff = 0.1
-                    self.error = None
-                except KubeError as error:
-                    self.error = str(error)
-                    wait = min(max(backoff, error.retry_after or 0.0), 30.0)
-                    log.warning("kubernetes store: %s; retrying in %.1fs", error, wait)
-                    await asyncio.sleep(wait)
-                    backoff = min(backoff * 2, 5.0)
-            self._idle.set()
+                if key == _AGENTS:
+                    await self._write_agents()
+                else:
+                    await self._write_dirty_group(key)
+
+    def _keys(self) -> list[str]:
+        return [*self._dirty, *([_AGENTS] if self._agents_dirty else [])]
+
+    def _current(self, key: str) -> object:
+        return self._agents_version if key == _AGENTS else self._dirty.get(key)
+
+    def _next_attempt(self, key: str) -> float | None:
+        """Loop time of `key`'s next write; None: its state was refused for good."""
+        poison = self._poisoned.get(key)
+        if poison is None:
+            return self._retry_at.get(key, 0.0)
+        current = self._current(key)
+        if current is poison.refused:
+            return None
+        return 0.0 if current is None else poison.retry_at  # a deletion goes at once
+
+    def _schedule(self, now: float) -> tuple[list[str], float | None]:
+        """The keys due now, and the seconds until the next one is (None: none waits)."""
+        due: list[str] = []
+        soonest: float | None = None
+        for key in self._keys():
+            at = self._next_attempt(key)
+            if at is None:
+                continue
+            if at <= now:
+                due.append(key)
+            elif soonest is None or at < soonest:
+                soonest = at
+        return due, None if soonest is None else soonest - now
+
+    def _pending(self) -> bool:
+        """Whether something recorded is still to be written (poisoned groups aside)."""
+        return any(key not in self._poisoned or self._current(key) is None for key in self._keys())
+
+    def _refused(
+        self, key: str, attempted: object, error: KubeError, *, quiet: bool = False
+    ) -> None:
+        now = asyncio.get_running_loop().time()
+        name = self._agents_object if key == _AGENTS else self._group_object(key)
+        what = (
+            f"{'agents' if key == _AGENTS else 'group ' + key} (ConfigMap {self.namespace}/{name})"
+        )
+        if error.status in PERMANENT_STATUSES:
+            self._poisoned[key] = _Poison(str(error), attempted, now + POISON_RETRY_SECONDS)
+            self._retry_at.pop(key, None)
+            self._backoff.pop(key, None)
+            log.error(
+                "kubernetes store: %s refused for good: %s; its commits fail until a "
+                "newer state lands (tried every %gs); other groups are written on",
+                what,
+                error,
+                POISON_RETRY_SECONDS,
+            )
+        else:
+            backoff = self._backoff.get(key, 0.1)
+            wait = min(max(backoff, error.retry_after or 0.0), 30.0)
+            self._backoff[key] = min(backoff * 2, 5.0)
+            poison = self._poisoned.get(key)
+            if poison is not None:
+                poison.retry_at = now + wait
+            else:
+                self._retry_at[key] = now + wait
+            if not quiet:
+                log.warning("kubernetes store: %s: %s; retrying in %.1fs", what, error, wait)
+        self.error = str(error)
+
+    def _landed(self, key: str) -> None:
+        self._retry_at.pop(key, None)
+        self._backoff.pop(key, None)
+        if self._poisoned.pop(key, None) is not None:
+            log.warning("kubernetes store: %s written again: no longer poisoned", key or "agents")
+        self.error = self._poison_summary()
+
+    def _poison_summary(self) -> str | None:
+        if not self._poisoned:
+            return None
+        names = ", ".join(key or "(agents)" for key in list(self._poisoned)[:5])
+        first = next(iter(self._poisoned.values())).reason
+        return f"{len(self._poisoned)} refused for good ({names}): {first}"
 
     def _drop_unwritten(self) -> None:
         lost = len(self._dirty) + int(self._agents_dirty)
         self._dirty.clear()
         self._agents_dirty = False
+        self._retry_at.clear()
+        self._backoff.clear()
+        self._poisoned.clear()
         self.error = f"not leading any more: {lost} unwritten state(s) dropped"
         log.error("kubernetes store: %s (the new leader has the store)", self.error)
 
-    async def _write_once(self) -> None:
-        if self._dirty:
-            name = next(iter(self._dirty))
-            async with self._lock(name):
-                if name not in self._dirty:
-                    return  # a commit wrote it while this waited
-                state = self._dirty[name]
+    async def _write_dirty_group(self, name: str) -> None:
+        async with self._lock(name):
+            if name not in self._dirty:
+                return  # a commit wrote it while this waited
+            state = self._dirty[name]
+            try:
                 await self._write_group(name, state)
-                if self._dirty.get(name) is state:  # not replaced meanwhile
-                    del self._dirty[name]
-            return
+            except KubeError as error:
+                self._refused(name, state, error)
+                return
+            if self._dirty.get(name) is state:  # not replaced meanwhile
+                del self._dirty[name]
+            self._landed(name)
+
+    async def _write_agents(self) -> None:
         self._agents_dirty = False
+        version = self._agents_version
         data = {
             node: json.dumps(asdict(a), separators=(",", ":")) for node, a in self._agents.items()
         }
         try:
             await self._put(self._agents_object, data)
-        except KubeError:
+        except KubeError as error:
             self._agents_dirty = True
-            raise
+            self._refused(_AGENTS, version, error)
+            return
+        self._landed(_AGENTS)
 
     async def _write_group(self, name: str, state: GroupState | None) -> None:
         if state is None:
