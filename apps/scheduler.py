@@ -86,6 +86,18 @@ _FLAGS: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
         {"switch": True},
     ),
     (
+        "--max-jobs-per-group",
+        "RLSLICE_MAX_JOBS_PER_GROUP",
+        "jobs one group may have; a Register beyond is refused RESOURCE_EXHAUSTED",
+        {"type": int, "default": 256},
+    ),
+    (
+        "--max-groups",
+        "RLSLICE_MAX_GROUPS",
+        "groups --auto-create-groups may create up to; beyond, Register is refused",
+        {"type": int, "default": 1024},
+    ),
+    (
         "--allow-unauthenticated",
         "RLSLICE_ALLOW_UNAUTHENTICATED",
         "serve beyond loopback with a role open (no token, no mutual TLS): trusted networks only",
@@ -172,6 +184,8 @@ def settings_from(args: argparse.Namespace) -> Any:
         tls=tls,
         agent_tls=agent_tls,
         auto_create_groups=args.auto_create_groups,
+        max_jobs_per_group=args.max_jobs_per_group,
+        max_groups=args.max_groups,
         allow_unauthenticated=args.allow_unauthenticated,
         groups=groups,
         shutdown_grace_seconds=args.shutdown_grace,

@@ -97,6 +97,8 @@ class Engine:
         metrics: SchedulerMetrics,
         *,
         auto_create_groups: bool = False,
+        max_jobs_per_group: int = 256,
+        max_groups: int = 1024,
         host_reserve_bytes: int = 0,
         ring_size: int = 128,
         watch_queue_size: int = 1024,
@@ -106,6 +108,9 @@ class Engine:
         self.runner = runner
         self.metrics = metrics
         self.auto_create_groups = auto_create_groups
+        self.max_jobs_per_group = max_jobs_per_group
+        self.max_groups = max_groups
+        """Bounds on what Register may grow (jobs in a group; groups it auto-creates)."""
         self.host_reserve_bytes = host_reserve_bytes
         self.clock = clock if clock is not None else LoopClock()
         """The one clock: state's Unix times and the timers both read the loop's time."""
@@ -206,8 +211,19 @@ class Engine:
         if runtime is None:
             if not self.auto_create_groups:
                 raise NotFoundError(f"group: {group!r} does not exist")
+            if len(self.groups) >= self.max_groups:
+                raise ResourceExhaustedError(
+                    f"group {group!r}: not created: the scheduler has {len(self.groups)} "
+                    f"groups, its limit (--max-groups {self.max_groups})"
+                )
             self.put_group(GroupSpec(name=group))
             runtime = self.groups[group]
+        jobs = runtime.state.jobs
+        if job not in jobs and len(jobs) >= self.max_jobs_per_group:
+            raise ResourceExhaustedError(
+                f"group {group!r}: job {job!r} refused: the group has {len(jobs)} jobs, "
+                f"its limit (--max-jobs-per-group {self.max_jobs_per_group})"
+            )
         seconds = lease_seconds or runtime.state.spec.lease_seconds
         lease_id = secrets.token_hex(12)
         secret = secrets.token_urlsafe(32)

@@ -115,6 +115,8 @@ async def start_scheduler(
         coordinator,
         metrics,
         auto_create_groups=settings.auto_create_groups,
+        max_jobs_per_group=settings.max_jobs_per_group,
+        max_groups=settings.max_groups,
         host_reserve_bytes=settings.host_reserve_bytes,
         ring_size=settings.event_ring_size,
         watch_queue_size=settings.watch_queue_size,

@@ -41,6 +41,13 @@ class SchedulerSettings(BaseModel):
     auto_create_groups: bool = False
     """Register for an unknown group creates it with default settings (standalone mode);
     otherwise such a Register fails with NOT_FOUND."""
+    max_jobs_per_group: Annotated[int, Field(ge=1, le=100_000)] = 256
+    """Jobs one group may have at once: a Register beyond it is refused RESOURCE_EXHAUSTED,
+    so one job-token holder cannot grow a group past what the store can hold (a Kubernetes
+    ConfigMap keeps at most 1 MiB)."""
+    max_groups: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """Groups a Register may auto-create up to (`auto_create_groups`): once the scheduler
+    has this many, a Register for an unknown group is refused RESOURCE_EXHAUSTED."""
     groups: tuple[GroupSpec, ...] = ()
     """Groups created (or replaced) at start."""
     rpc_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0

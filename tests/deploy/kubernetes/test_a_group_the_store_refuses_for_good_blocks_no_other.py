@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import kmock
 import pytest
@@ -121,7 +122,7 @@ class _NoAgents:
     def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
         return ()
 
-    async def run_switch(self, state: GroupState, switch: object) -> object:
+    async def run_switch(self, state: GroupState, switch: Any) -> Any:
         raise AssertionError("no agents, no switches")
 
     async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
