@@ -63,7 +63,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("scheduler", help="scheduler address to register with (host:port)")
     # The token comes from a file or RLSLICE_AGENT_TOKEN, never from a flag: a command
     # line is visible to every user of the host.
-    add("token-file", help="file holding the agent token (else RLSLICE_AGENT_TOKEN)")
+    add(
+        "token-file",
+        help="file holding the agent token (else RLSLICE_AGENT_TOKEN, else the node-local "
+        "~/.local/state/rlslice/agent-token, created 0600)",
+    )
     add("tls-cert", help="PEM certificate of the Agent service")
     add("tls-key", help="PEM key of the Agent service")
     add("tls-client-ca", help="PEM CA that callers' certificates must chain to: mutual TLS")

@@ -12,7 +12,7 @@ import asyncio
 import gc
 import logging
 
-from rlslice.adapters.auth import Role
+from rlslice.adapters.auth import Role, local_agent_token
 from rlslice.adapters.server import GrpcServer
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.coordinator import Coordinator
@@ -90,6 +90,16 @@ class RunningScheduler:
         await self._stopped.wait()
 
 
+def _local_agent_token() -> str | None:
+    """The node-local agent token, or None (with a warning) where it cannot be made: a
+    scheduler without a home (systemd DynamicUser) still starts; agents then refuse it."""
+    try:
+        return local_agent_token()
+    except OSError as error:
+        log.warning("no agent token configured and no node-local one: %s", error)
+        return None
+
+
 async def start_scheduler(
     settings: SchedulerSettings, *, store: Store | None = None
 ) -> RunningScheduler:
@@ -102,7 +112,9 @@ async def start_scheduler(
     metrics = SchedulerMetrics()
     clock = LoopClock()  # one clock for the engine's state and timers and the switch timings
     coordinator = Coordinator(
-        token=settings.agent_token,
+        # Agents refuse calls without their token: with none configured, the node-local one
+        # (a 0600 file of this user) is what an agent on this host, run by this user, takes.
+        token=settings.agent_token or _local_agent_token(),
         tls=settings.agent_tls,
         rpc_timeout=settings.rpc_timeout_seconds,
         status_timeout=settings.status_timeout_seconds,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from rlslice.adapters.auth import Role
+from rlslice.adapters.auth import Role, local_agent_token
 from rlslice.adapters.channel import SERVER_OPTIONS
 from rlslice.adapters.net import host_of
 from rlslice.adapters.server import (
@@ -55,6 +55,9 @@ class RunningAgent:
     _grpc: GrpcServer
     _local_server: grpc.aio.Server
     _relay: PeerCredRelay
+    token: str = field(default="", repr=False)
+    """The token every Agent call must present: `settings.token`, else the node-local one
+    (`rlslice.adapters.auth.local_agent_token`)."""
     _metrics: MetricsEndpoint | None = None
 
     async def stop(self, grace: float | None = 1.0) -> None:
@@ -91,6 +94,9 @@ def _advertise(settings: AgentSettings, port: int) -> str:
 async def start_agent(settings: AgentSettings) -> RunningAgent:
     """Start an agent with `settings` and return it running."""
     _check_exposure(settings)
+    # Never open, not even on loopback: any local user could freeze or drop any job. With
+    # no token configured the node-local one (a 0600 file of this user) stands in.
+    token = settings.token or local_agent_token()
     metrics = AgentMetrics(settings.node)
     engine = AgentEngine(
         node=settings.node,
@@ -101,7 +107,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         metrics=metrics,
     )
     await engine.start()
-    grpc_server, local_server, relay = await _serve(settings, engine)
+    grpc_server, local_server, relay = await _serve(settings, engine, token)
     endpoint = (
         serve_metrics(metrics.registry, host_of(settings.address), settings.metrics_port)
         if settings.metrics_port is not None
@@ -117,7 +123,8 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         engine=engine,
         metrics=metrics,
         metrics_port=endpoint.port if endpoint is not None else None,
-        scheduler_link=_link(settings, engine, advertised),
+        scheduler_link=_link(settings, engine, advertised, token),
+        token=token,
         _grpc=grpc_server,
         _local_server=local_server,
         _relay=relay,
@@ -134,7 +141,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
 
 
 async def _serve(
-    settings: AgentSettings, engine: AgentEngine
+    settings: AgentSettings, engine: AgentEngine, token: str
 ) -> tuple[GrpcServer, grpc.aio.Server, PeerCredRelay]:
     """The Agent service on TCP and LocalAgent behind the credential relay, both serving;
     on failure everything started is stopped and the engine closed."""
@@ -146,7 +153,7 @@ async def _serve(
         await engine.close()  # a live agent on this state directory: nothing else started
         raise
     grpc_server = await GrpcServer.create(
-        tokens={Role.AGENT: settings.token},
+        tokens={Role.AGENT: token},
         methods=METHOD_ROLES,
         services=(SERVICE_NAME,),
         # No SO_REUSEPORT: a second agent on a taken port must fail, not share its calls.
@@ -175,7 +182,9 @@ async def _serve(
     return grpc_server, local_server, relay
 
 
-def _link(settings: AgentSettings, engine: AgentEngine, advertised: str) -> SchedulerLink | None:
+def _link(
+    settings: AgentSettings, engine: AgentEngine, advertised: str, token: str
+) -> SchedulerLink | None:
     """The started registration loop with the scheduler, or None when none is configured."""
     if not settings.scheduler:
         return None
@@ -203,7 +212,7 @@ def _link(settings: AgentSettings, engine: AgentEngine, advertised: str) -> Sche
         settings.scheduler,
         request,
         tls=settings.scheduler_tls,
-        token=settings.token,
+        token=token,
         on_registered=registered,
     )
     link.start()

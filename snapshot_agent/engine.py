@@ -33,7 +33,12 @@ from typing import Any
 
 import psutil
 
-from rlslice._errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from rlslice._errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+)
 from rlslice._ids import validate_id
 from rlslice.snapshot_agent import moves, state
 from rlslice.snapshot_agent.backends import BackendEntry
@@ -46,6 +51,7 @@ from rlslice.snapshot_agent.backends.base import (
     ProbeResult,
     WorkloadLink,
 )
+from rlslice.snapshot_agent.discovery import pod_uid_of
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable, LocalServer
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.moves import Half, MoveReply, SwitchFailure, SwitchHalf, SwitchReply
@@ -203,11 +209,18 @@ class AgentEngine:
         modes: Sequence[str] = (),
         tags: Sequence[str] = (),
         local_server: LocalServer | None = None,
+        uid: int | None = None,
     ) -> str:
-        """Add the verified process `ref` to `job`; return the backend the job will use."""
+        """Add the verified process `ref` to `job`; return the backend the job will use.
+
+        `uid` is the caller's uid from the socket's peer credentials: the first registrant
+        binds the job to its uid, and a process of another uid (root included) or, where the
+        job's processes live in pods, of another pod is refused PERMISSION_DENIED.
+        """
         validate_id(job, "job")
         validate_id(group, "group")
         self.backends.require_installed(backend)
+        _check_binding(self.table.entries.get(job), job, ref, uid)
         owner = self.table.owner_of(ref)
         if owner is not None and owner.record.job != job:
             raise FailedPreconditionError(
@@ -222,6 +235,8 @@ class AgentEngine:
             if entry is None:
                 entry = JobEntry(state.JobRecord(job=job, group=group))
                 self.table.entries[job] = entry
+            if entry.owner_uid is None:
+                entry.owner_uid = uid
             entry.processes.add(ref)
             entry.gone.clear()
             entry.backend = backend or entry.backend
@@ -747,3 +762,18 @@ class AgentEngine:
         self.metrics.pinned_bytes.set(
             sum(b.pinned_total() for b in self.backends.instances() if hasattr(b, "pinned_total"))
         )
+
+
+def _check_binding(entry: JobEntry | None, job: str, ref: ProcessRef, uid: int | None) -> None:
+    """Refuse a registrant that is not the job's: another uid than the one that first
+    registered it, or (when the job's live processes are in pods) a process of another pod.
+    Root gets no exemption: uid 0 in a container is not the node's administrator."""
+    if entry is None:
+        return
+    if uid is not None and entry.owner_uid is not None and uid != entry.owner_uid:
+        raise PermissionDeniedError(
+            f"job {job} is registered on this node by uid {entry.owner_uid}, not uid {uid}"
+        )
+    pods = {pod_uid_of(p.cgroup) for p in entry.processes if alive(p)} - {None}
+    if pods and pod_uid_of(ref.cgroup) not in pods:
+        raise PermissionDeniedError(f"job {job} is registered on this node from other pods")

@@ -46,6 +46,10 @@ class JobEntry:
     modes: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
     local_server: LocalServer | None = None
+    owner_uid: int | None = None
+    """The uid that first registered the job through the socket (peer credentials); a
+    Register of this job from another uid is refused. None: adopted from its pods
+    (Kubernetes mode) or recorded by an older agent; the next registrant binds it."""
     released: bool = False
     """The scheduler released the job (its lease ended) while its processes lived: its
     parked state is dropped as soon as they are gone."""
@@ -74,6 +78,7 @@ class JobEntry:
             if self.local_server is None
             else [self.local_server.kind, self.local_server.port],
             "released": self.released,
+            "owner_uid": self.owner_uid,
         }
 
     @classmethod
@@ -90,6 +95,7 @@ class JobEntry:
             tags=tuple(data.get("tags", ())),
             local_server=None if not server else LocalServer(str(server[0]), int(server[1])),
             released=bool(data.get("released", False)),
+            owner_uid=None if data.get("owner_uid") is None else int(data["owner_uid"]),
         )
 
 

@@ -3,6 +3,8 @@
 
 The caller's pid always comes from the relay's SO_PEERCRED (`peercred.PeerCredRelay`); a
 call that did not come through the relay is refused, and so is a caller that has exited.
+A job is bound to the uid that first registered it: Register or Workload for that job
+from another uid is refused PERMISSION_DENIED, and its modes, tags and stream stay.
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
         self._engine = engine
         self._relay = relay
 
-    def _caller(self, context: Context) -> ProcessRef:
+    def _caller(self, context: Context) -> tuple[ProcessRef, int]:
+        """The calling process and its uid, from the socket's peer credentials."""
         peer = self._relay.peer(context.peer())
         if peer is None:
             raise PermissionDeniedError(
@@ -133,13 +136,13 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
             )
         if peer.ref is None or not alive(peer.ref):
             raise FailedPreconditionError(f"local registration: process {peer.pid} has exited")
-        return peer.ref
+        return peer.ref, peer.uid
 
     async def Register(
         self, request: agent_pb2.LocalRegisterRequest, context: Context
     ) -> agent_pb2.LocalRegisterResponse:
         try:
-            ref = self._caller(context)
+            ref, uid = self._caller(context)
             server = None
             if request.local_server_kind or request.local_server_port:
                 if request.local_server_kind not in _SERVER_KINDS:
@@ -159,6 +162,7 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
                 modes=_modes(request.modes),
                 tags=_tags(request.tags),
                 local_server=server,
+                uid=uid,
             )
         except RlsliceError as error:
             await abort_with(context, error)
@@ -168,13 +172,13 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
 
     async def Workload(self, request_iterator: Any, context: Context) -> None:  # type: ignore[override]
         try:
-            ref = self._caller(context)
+            ref, uid = self._caller(context)
             first = await context.read()
             if first is _EOF or not first.HasField("hello"):
                 raise InvalidArgumentError("hello: the first message must carry hello")
             hello = first.hello
             modes, tags = _modes(hello.modes), _tags(hello.tags)
-            self._engine.register(ref, hello.job, hello.group, modes=modes, tags=tags)
+            self._engine.register(ref, hello.job, hello.group, modes=modes, tags=tags, uid=uid)
         except RlsliceError as error:
             await abort_with(context, error)
             return

@@ -107,7 +107,9 @@ class AgentSettings(BaseModel):
     scheduler_tls: TLSConfig | None = None
     """TLS for the channel to the scheduler."""
     token: str | None = None
-    """Agent token: callers of the Agent service must present it; sent to the scheduler."""
+    """Agent token: callers of the Agent service must present it; sent to the scheduler.
+    None: the node-local token (`rlslice.adapters.auth.local_agent_token`, a 0600 file of
+    this user) stands in; the Agent service is never open."""
     tls: TLSConfig | None = None
     """TLS (mutual with `client_ca`) for the Agent service."""
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = None

@@ -352,6 +352,7 @@ async def _stop_jobs(run: _Run) -> None:
 async def _drain(run: _Run) -> None:
     """Once every job is gone, nothing may be left: no job in a group or on an agent, no
     device or parked bytes (dead jobs' leases lapse, agents release their state)."""
+    from rlslice.adapters.auth import local_agent_token
     from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2 as apb
     from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2_grpc
@@ -366,7 +367,7 @@ async def _drain(run: _Run) -> None:
                     jobs = [j.job for j in status.jobs]
                     found.append(f"{status.spec.name}: jobs {jobs} left in the scheduler")
         for node, agent in run.cluster.agents.items():
-            async with open_channel(agent.service.address) as channel:
+            async with open_channel(agent.service.address, token=local_agent_token()) as channel:
                 astub: Any = agent_pb2_grpc.AgentStub(channel)
                 status = await astub.Status(apb.AgentStatusRequest(), timeout=10)
                 if status.jobs:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import enum
 import hmac
+import os
+import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,6 +30,52 @@ class Role(enum.StrEnum):
     """Operators and the Kubernetes operator: put and delete groups; satisfies every role."""
     AGENT = "agent"
     """Node agents calling the scheduler, and the scheduler calling agents."""
+
+
+#: Name of the node-local agent token file, in the user's rlslice state directory.
+LOCAL_AGENT_TOKEN_FILE = "agent-token"
+
+
+def default_agent_token_path() -> Path:
+    """`<user state dir>/rlslice/agent-token` (platformdirs; `XDG_STATE_HOME` moves it)."""
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("rlslice")) / LOCAL_AGENT_TOKEN_FILE
+
+
+def local_agent_token(path: Path | None = None) -> str:
+    """The node-local agent token: read from `path` (default `default_agent_token_path()`),
+    created there with a random value (mode 0600, folder 0700) when missing.
+
+    An agent and a scheduler on one host, run by one user (or root) with no agent token
+    configured, both take this token, so the Agent service is never open: other users of
+    the host cannot read the file. Raises `PermissionError` when the file is another
+    user's or readable by group or others, `OSError` when it cannot be read or written.
+    """
+    path = path or default_agent_token_path()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+    for _ in range(50):  # another process may have created it and be writing it now
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as handle:
+            info = os.fstat(handle.fileno())
+            if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+                raise PermissionError(
+                    f"agent token: {path} must be owned by uid {os.geteuid()} and mode 0600"
+                )
+            token = handle.read().strip()
+        if token:
+            return token
+        import time
+
+        time.sleep(0.01)
+    raise OSError(f"agent token: {path} is empty")
 
 
 def roles_of(token: str | None, tokens: Mapping[Role, str]) -> set[Role]:

@@ -72,7 +72,7 @@ async def agent(short_dir: Path, shm_dir: Path) -> AsyncIterator[RunningAgent]:
 
 
 async def agent_jobs(agent: RunningAgent) -> dict[str, list[int]]:
-    async with open_channel(agent.address) as channel:
+    async with open_channel(agent.address, token=agent.token) as channel:
         stub: Any = agent_pb2_grpc.AgentStub(channel)
         status = await stub.Status(apb.AgentStatusRequest(), timeout=10)
     return {job.job: list(job.pids) for job in status.jobs}

@@ -35,7 +35,7 @@ async def test_a_lock_only_job_is_released_without_a_warning(
             sim=SimSettings(root=short / "sim", capacity_bytes=64 * MiB, rate_gbps=0.0),
         )
     )
-    coordinator = Coordinator(retries=0, status_timeout=5.0)
+    coordinator = Coordinator(retries=0, status_timeout=5.0, token=running.token)
     coordinator.add_agent(AgentRecord(node="n1", address=running.address, backends=("sim",)))
     spec = GroupSpec(name="g", nodes=("n1",))
     try:

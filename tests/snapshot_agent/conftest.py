@@ -78,7 +78,7 @@ async def agent(make_settings: Callable[..., AgentSettings]) -> AsyncIterator[Ru
 
 @pytest.fixture
 async def stub(agent: RunningAgent) -> AsyncIterator[Any]:
-    channel = open_channel(agent.address)
+    channel = open_channel(agent.address, token=agent.token)
     yield agent_pb2_grpc.AgentStub(channel)
     await channel.close(None)
 

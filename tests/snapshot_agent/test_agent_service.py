@@ -26,6 +26,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlslice._errors import InvalidArgumentError
+from rlslice.adapters.auth import local_agent_token
 from rlslice.adapters.channel import open_channel
 from rlslice.snapshot_agent import AgentSettings, RunningAgent, start_agent
 from rlslice.v1alpha1 import agent_pb2 as apb
@@ -45,7 +46,7 @@ async def test_a_restarted_agent_re_reads_a_parked_job_and_restores_it(
     settings = make_settings("n2")
     first = await start_agent(settings)
     job = await spawn_job("job-a", "g1", 8 * MiB, running=first)
-    channel = open_channel(first.address)
+    channel = open_channel(first.address, token=first.token)
     await agent_pb2_grpc.AgentStub(channel).Snapshot(
         apb.SnapshotRequest(job="job-a", group="g1", epoch=4)
     )
@@ -54,7 +55,7 @@ async def test_a_restarted_agent_re_reads_a_parked_job_and_restores_it(
     assert proc_state(job.pid) == "T"
 
     second = await start_agent(settings)
-    channel = open_channel(second.address)
+    channel = open_channel(second.address, token=second.token)
     try:
         stub = agent_pb2_grpc.AgentStub(channel)
         entry = await _job(stub, "job-a")
@@ -90,7 +91,7 @@ async def test_an_agent_killed_mid_snapshot_leaves_the_job_running_after_its_res
     process, address = await launch()
     running = RunningAgentStandIn(settings)
     job = await spawn_job("job-a", "g1", 32 * MiB, running=running)
-    channel = open_channel(address)
+    channel = open_channel(address, token=local_agent_token())
     try:
         stub = agent_pb2_grpc.AgentStub(channel)
         call = asyncio.ensure_future(
@@ -107,7 +108,7 @@ async def test_an_agent_killed_mid_snapshot_leaves_the_job_running_after_its_res
         await channel.close(None)
 
     process, address = await launch()
-    channel = open_channel(address)
+    channel = open_channel(address, token=local_agent_token())
     try:
         stub = agent_pb2_grpc.AgentStub(channel)
         entry = await _job(stub, "job-a")
@@ -169,7 +170,7 @@ async def test_metrics_count_moves_and_report_memory(
     make_settings: Callable[..., AgentSettings], spawn_job: Callable[..., Any]
 ) -> None:
     measured = await start_agent(make_settings("n2", metrics_port=0))
-    channel = open_channel(measured.address)
+    channel = open_channel(measured.address, token=measured.token)
     try:
         stub = agent_pb2_grpc.AgentStub(channel)
         await spawn_job("job-a", "g1", 4 * MiB, running=measured)

@@ -66,7 +66,7 @@ async def _open_and_close_a_stream(agent: Any) -> None:
 
 
 async def _snapshot(agent: Any) -> Any:
-    async with open_channel(agent.address) as channel:
+    async with open_channel(agent.address, token=agent.token) as channel:
         return await agent_pb2_grpc.AgentStub(channel).Snapshot(
             agent_pb2.SnapshotRequest(job="job-a", group="g", epoch=1), timeout=30
         )

@@ -190,7 +190,7 @@ async def test_a_snapshot_host_memory_cannot_take_is_refused_and_the_job_keeps_r
     from rlslice.v1alpha1 import agent_pb2_grpc
 
     greedy = await start_agent(make_settings("n2", host_reserve_bytes=1 << 50))
-    channel = open_channel(greedy.address)
+    channel = open_channel(greedy.address, token=greedy.token)
     try:
         stub = agent_pb2_grpc.AgentStub(channel)
         job = await spawn_job("job-a", "g1", 4 * MiB, running=greedy)
@@ -239,7 +239,7 @@ async def test_the_copy_rate_paces_a_move(
     from rlslice.v1alpha1 import agent_pb2_grpc
 
     slow = await start_agent(make_settings("n2", sim={"rate_gbps": 0.2, "overhead_seconds": 0.05}))
-    channel = open_channel(slow.address)
+    channel = open_channel(slow.address, token=slow.token)
     try:
         stub = agent_pb2_grpc.AgentStub(channel)
         await spawn_job("job-a", "g1", 20_000_000, running=slow)

@@ -84,7 +84,7 @@ async def two_jobs(agent: RunningAgent, spawn_job: Callable[..., Any], stub: Any
 async def full_stub(full: RunningAgent) -> Any:
     from rlslice.adapters.channel import open_channel
 
-    channel = open_channel(full.address)
+    channel = open_channel(full.address, token=full.token)
     yield agent_pb2_grpc.AgentStub(channel)
     await channel.close(None)
 
@@ -150,7 +150,7 @@ async def test_a_failed_snapshot_half_undoes_both_halves(
     # Out at 10 MB/s: 24 MiB take 2.5 s, far past the call's 0.5 s deadline.
     options = {"sim": {"chunk_bytes": str(MiB), "out_gbps": "0.01", "in_gbps": "0"}}
     agent = await start_agent(settings.model_copy(update={"backend_options": options}))
-    channel = open_channel(agent.address)
+    channel = open_channel(agent.address, token=agent.token)
     stub: Any = agent_pb2_grpc.AgentStub(channel)
     try:
         a, b = await two_jobs(agent, spawn_job, stub)

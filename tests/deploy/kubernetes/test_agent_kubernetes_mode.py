@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 
 from rlslice._ids import is_valid_id
 from rlslice._nodes import node_label
+from rlslice.adapters.auth import local_agent_token
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
@@ -274,7 +275,7 @@ async def setup(
 
 
 async def agent_status(address: str) -> agent_pb2.AgentStatus:
-    async with open_channel(address) as channel:
+    async with open_channel(address, token=local_agent_token()) as channel:
         status: agent_pb2.AgentStatus = await agent_pb2_grpc.AgentStub(channel).Status(
             agent_pb2.AgentStatusRequest(), timeout=5
         )
@@ -330,7 +331,7 @@ async def test_a_pod_that_appears_is_a_job_whose_processes_the_agent_moves(
     assert await eventually(listed, what="the job in Status") == {"trainer": ("rl-a", [on_gpu])}
 
     # Verified like a registered process: a snapshot (sim) really freezes it.
-    async with open_channel(address) as channel:
+    async with open_channel(address, token=local_agent_token()) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         parked = await stub.Snapshot(
             agent_pb2.SnapshotRequest(job="trainer", group="rl-a", epoch=1, backend="sim"),
@@ -395,7 +396,7 @@ async def test_a_process_that_starts_on_the_gpu_later_is_found_before_a_move(
     setup.proc.add(second, UID)
     setup.gpu.append(second)
     await asyncio.sleep(0.15)  # past the window in which a move reuses the last scan
-    async with open_channel(setup.agent.agent.address) as channel:
+    async with open_channel(setup.agent.agent.address, token=setup.agent.agent.token) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         await stub.Snapshot(
             agent_pb2.SnapshotRequest(job="trainer", group="rl-a", epoch=1, backend="sim"),

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 import pytest
 
+from rlslice.adapters.auth import local_agent_token
 from rlslice.adapters.channel import open_channel
 from rlslice.apps.bench._soak_cluster import Cluster, child_env
 from rlslice.v1alpha1 import agent_pb2 as apb
@@ -157,7 +158,8 @@ class Faults:
         await self.cluster.wait_agents_known(spec["name"])
 
     async def agent_status(self, node: str) -> apb.AgentStatus:
-        async with open_channel(self.cluster.agents[node].service.address) as channel:
+        address = self.cluster.agents[node].service.address
+        async with open_channel(address, token=local_agent_token()) as channel:
             status: apb.AgentStatus = await agent_pb2_grpc.AgentStub(channel).Status(
                 apb.AgentStatusRequest(), timeout=10
             )

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from rlslice.adapters.auth import local_agent_token
 from rlslice.adapters.channel import open_channel
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
@@ -99,7 +100,8 @@ async def test_a_recycled_pid_is_never_acted_on(
             await agent.restart()
         else:
             await f.eventually(lambda: _has_no_pid(f, pid))
-        async with open_channel(f.cluster.agents["n1"].service.address) as channel:
+        address = f.cluster.agents["n1"].service.address
+        async with open_channel(address, token=local_agent_token()) as channel:
             stub = agent_pb2_grpc.AgentStub(channel)
             request = apb.SnapshotRequest(job="a", group="g", epoch=101)
             with contextlib.suppress(Exception):  # absent or refused: either way, no action

@@ -146,7 +146,10 @@ def live_agent(loop: Loop) -> Iterator[LiveAgent]:
     worker.stdin.write(b'{"op": "init", "size": 1048576, "seed": 1}\n')
     worker.stdin.flush()
     assert json.loads(worker.stdout.readline())["ok"]
-    channel = grpc.insecure_channel(running.address)
+    # The agent's port is never open: every call carries its token.
+    channel = grpc.intercept_channel(
+        grpc.insecure_channel(running.address), _BearerToken(running.token)
+    )
     yield LiveAgent(loop, running, channel, worker)
     channel.close()
     worker.kill()
@@ -154,6 +157,34 @@ def live_agent(loop: Loop) -> Iterator[LiveAgent]:
     loop.run(running.stop(0))
     shutil.rmtree(short, ignore_errors=True)
     shutil.rmtree(shm, ignore_errors=True)
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """`authorization: Bearer <token>` on every call of a synchronous channel."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._metadata]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
 
 
 def serving(channel: grpc.Channel) -> bool:

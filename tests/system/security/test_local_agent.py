@@ -55,7 +55,7 @@ async def test_local_registration_is_served_only_through_the_credential_relay(
 ) -> None:
     async with agent(agent_dirs("n1")) as running:
         request = apb.LocalRegisterRequest(job="a", group="g")
-        async with open_channel(running.address) as channel:
+        async with open_channel(running.address, token=running.token) as channel:
             tcp = agent_pb2_grpc.LocalAgentStub(channel)
             assert await code_of(tcp.Register(request, timeout=5)) == grpc.StatusCode.UNIMPLEMENTED
         private = running._relay.internal_address
@@ -93,7 +93,7 @@ async def test_a_snapshot_naming_an_unverified_job_moves_nothing(
 ) -> None:
     async with agent(agent_dirs("n1")) as running:
         worker = await spawn_worker(running, "a")
-        async with open_channel(running.address) as channel:
+        async with open_channel(running.address, token=running.token) as channel:
             stub = agent_pb2_grpc.AgentStub(channel)
             answer = await stub.Snapshot(apb.SnapshotRequest(job="b", group="g", epoch=1))
             assert answer.absent

@@ -70,7 +70,7 @@ async def test_the_agent_with_mutual_tls_serves_only_verified_callers(
 ) -> None:
     async with agent(agent_dirs("n1"), tls=_server_tls(pki)) as running:
         for name, tls in _clients(pki).items():
-            async with open_channel(running.address, tls=tls) as channel:
+            async with open_channel(running.address, tls=tls, token=running.token) as channel:
                 stub = agent_pb2_grpc.AgentStub(channel)
                 code = await code_of(
                     stub.Release(apb.ReleaseRequest(job="a", group="g", force=True), timeout=3)
@@ -80,6 +80,13 @@ async def test_the_agent_with_mutual_tls_serves_only_verified_callers(
                 grpc.StatusCode.NOT_FOUND if name == "verified" else grpc.StatusCode.UNAVAILABLE
             )
             assert code == expected, (name, code)
+        # A certificate of the CA alone is no agent token: refused before the servicer.
+        async with open_channel(running.address, tls=_clients(pki)["verified"]) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            code = await code_of(
+                stub.Release(apb.ReleaseRequest(job="a", group="g", force=True), timeout=3)
+            )
+        assert code == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_scheduler_and_agent_talk_over_mutual_tls_with_tokens(
