@@ -196,10 +196,12 @@ def agent_settings(tmp_path: Path) -> object:
 
 
 async def _move(address: str, action: str, epoch: int) -> object:
+    from rlslice.adapters.auth import local_agent_token
     from rlslice.adapters.channel import open_channel
     from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
-    async with open_channel(address) as channel:
+    # The agent has no token configured: it takes the node-local one.
+    async with open_channel(address, token=local_agent_token()) as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         if action == "snapshot":
             return await stub.Snapshot(
