@@ -4,9 +4,15 @@ both act.
 `decide()` is the pure rule (time passed in): take a missing or expired lease, renew our
 own, otherwise wait. `LeaseElector` is the thin adapter: it reads the Lease and writes its
 decision with a compare-and-swap (a JSON patch whose `test` operations pin the holder and
-renew time it read), so of two replicas racing for an expired lease exactly one wins. A
-leader believes it leads only until its last successful renewal plus the renew deadline
-(two thirds of the lease), a margin that covers clock skew and a slow API server.
+renew time it read), so of two replicas racing for an expired lease exactly one wins.
+
+No replica compares another's wall clock with its own (as client-go does): the renewTime
+in the Lease is only a change marker. A candidate judges someone else's lease expired once
+it has seen the same record (`observe`: holder, renewTime, resourceVersion) unchanged for
+the lease duration on its own monotonic clock (`expired`). A leader believes it leads only
+until its last successful renewal plus the renew deadline (two thirds of the lease) on its
+own monotonic clock, so it stops before any candidate can see its lease lapse, whatever the
+wall clocks say.
 
 `ElectedScheduler` runs `start_scheduler` only while this replica leads. The standby keeps
 the gRPC port with a health service that says SERVING overall and NOT_SERVING for
@@ -55,9 +61,11 @@ class LeaseRecord:
     renewed: float
     transitions: int = 0
 
-    def expired(self, now: float) -> bool:
-        """Whether the lease no longer binds anyone (released, or not renewed in time)."""
-        return not self.holder or now >= self.renewed + self.duration
+    @property
+    def free(self) -> bool:
+        """Released: no holder, anyone may take it at once. (Whether a held lease lapsed is
+        judged on the reader's own clock, see `expired`, never from `renewed`.)"""
+        return not self.holder
 
 
 @dataclass(frozen=True)
@@ -74,13 +82,44 @@ class Decision:
         return self.write is not None
 
 
-def decide(current: LeaseRecord | None, me: str, now: float, duration: float) -> Decision:
-    """The election rule, pure."""
+@dataclass(frozen=True)
+class Observation:
+    """A Lease record as this replica saw it, and since when (its own monotonic clock)."""
+
+    key: tuple[object, ...]
+    """What identifies the record: holder, renewTime, resourceVersion (any change resets)."""
+    since: float
+
+
+def observe(previous: Observation | None, key: tuple[object, ...], now: float) -> Observation:
+    """The observation after reading a record identified by `key` at monotonic `now`: the
+    old one when the record is unchanged, else a fresh one starting now."""
+    if previous is not None and previous.key == key:
+        return previous
+    return Observation(key, now)
+
+
+def expired(observation: Observation | None, now: float, lease_duration: float) -> bool:
+    """Whether a record seen unchanged since `observation.since` has lapsed at monotonic
+    `now` (never, without an observation)."""
+    return observation is not None and now >= observation.since + lease_duration
+
+
+def decide(
+    current: LeaseRecord | None,
+    me: str,
+    now: float,
+    duration: float,
+    lapsed: bool = False,
+) -> Decision:
+    """The election rule, pure. `now` (wall time) only stamps what we write; `lapsed`
+    says whether someone else's record has been seen unchanged for its lease duration on
+    our monotonic clock (`expired`). A released record (no holder) is free at once."""
     if current is None:
         return Decision(LeaseRecord(me, duration, now, now, 0), create=True)
     if current.holder == me:
         return Decision(replace(current, renewed=now, duration=duration))
-    if current.expired(now):
+    if current.free or lapsed:
         return Decision(LeaseRecord(me, duration, now, now, current.transitions + 1))
     return Decision(None)
 
@@ -146,7 +185,10 @@ class LeaseElector:
         duration: float = 15.0,
         retry_period: float = 2.0,
         clock: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
+        """`clock`: wall time, only stamped into the Lease; `monotonic`: this replica's own
+        clock for every expiry judgement (default: the running loop's time)."""
         self.api = api
         self.namespace = namespace
         self.name = name
@@ -156,8 +198,18 @@ class LeaseElector:
         # The loop's clock as Unix time, like the engine's; Lease times are Unix times
         # other replicas compare with theirs (the renew margin covers skew).
         self._clock: Callable[[], float] = clock if clock is not None else LoopClock()
-        self._valid_until = 0.0
+        self._monotonic: Callable[[], float] = (
+            monotonic if monotonic is not None else lambda: asyncio.get_running_loop().time()
+        )
+        self._valid_until = 0.0  # monotonic
         self._seen: dict[str, Any] | None = None  # the Lease's spec as last read
+        self._version: str | None = None  # the Lease's resourceVersion as last read
+        self._observation: Observation | None = None
+
+    @property
+    def renew_deadline(self) -> float:
+        """How long after a successful renewal we still lead (our monotonic clock)."""
+        return self.duration * 2 / 3
 
     @property
     def path(self) -> str:
@@ -165,18 +217,33 @@ class LeaseElector:
 
     @property
     def leading(self) -> bool:
-        """True until the renew deadline after our last successful write."""
-        return self._clock() < self._valid_until
+        """True until the renew deadline after our last successful write (monotonic)."""
+        return self._monotonic() < self._valid_until
+
+    def step_down(self) -> None:
+        """Stop leading at once (a store write found the state no longer ours)."""
+        self._valid_until = 0.0
 
     async def step(self) -> bool:
-        """Read, decide, write once; whether we lead afterwards. API errors: not leading."""
-        started = self._clock()
+        """Read, decide, write once; whether we lead afterwards. API errors: not leading
+        (once the renew deadline after our last renewal has passed)."""
+        started = self._monotonic()
         try:
             current = await self._read()
-            decision = decide(current, self.identity, started, self.duration)
+            lapsed = False
+            if current is not None and current.holder not in ("", self.identity):
+                seen = self._seen or {}
+                key = (current.holder, seen.get("renewTime"), self._version)
+                seen_at = self._monotonic()
+                self._observation = observe(self._observation, key, seen_at)
+                lapsed = expired(self._observation, seen_at, current.duration)
+            else:
+                self._observation = None
+            decision = decide(current, self.identity, self._clock(), self.duration, lapsed)
             if decision.write is not None:
                 await self._write(decision.write, create=decision.create)
-                self._valid_until = started + self.duration * 2 / 3
+                self._valid_until = started + self.renew_deadline
+                self._observation = None
         except KubeError as error:
             if error.status not in (409, 422, 500):  # 409/422/500: lost a race, not a fault
                 log.warning("leader election: %s", error)
@@ -200,9 +267,11 @@ class LeaseElector:
         except KubeError as error:
             if error.status == 404:
                 self._seen = None
+                self._version = None
                 return None
             raise
         self._seen = dict(lease.get("spec") or {})
+        self._version = (lease.get("metadata") or {}).get("resourceVersion")
         return record_from_lease(lease)
 
     async def _write(self, record: LeaseRecord, *, create: bool) -> None:

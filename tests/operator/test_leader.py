@@ -34,9 +34,12 @@ from rlslice.scheduler.leader import (
     ElectedScheduler,
     LeaseElector,
     LeaseRecord,
+    Observation,
     decide,
+    expired,
     format_time,
     lease_spec,
+    observe,
     parse_time,
     record_from_lease,
     released,
@@ -50,20 +53,26 @@ NS = "rlslice"
 
 
 @pytest.mark.parametrize(
-    ("current", "now", "write", "create"),
+    ("current", "now", "lapsed", "write", "create"),
     [
-        (None, 100.0, LeaseRecord("a", 15, 100, 100, 0), True),
-        (LeaseRecord("a", 15, 50, 90, 2), 100.0, LeaseRecord("a", 15, 50, 100, 2), False),
-        (LeaseRecord("b", 15, 50, 90, 2), 100.0, None, False),
-        (LeaseRecord("b", 15, 50, 85, 2), 100.0, LeaseRecord("a", 15, 100, 100, 3), False),
-        (LeaseRecord("", 15, 50, 99, 2), 100.0, LeaseRecord("a", 15, 100, 100, 3), False),
+        (None, 100.0, False, LeaseRecord("a", 15, 100, 100, 0), True),
+        (LeaseRecord("a", 15, 50, 90, 2), 100.0, False, LeaseRecord("a", 15, 50, 100, 2), False),
+        (LeaseRecord("b", 15, 50, 90, 2), 100.0, False, None, False),
+        # An old renewTime is no expiry: only our own observation is (see `expired`).
+        (LeaseRecord("b", 15, 50, 1, 2), 100.0, False, None, False),
+        (LeaseRecord("b", 15, 50, 99, 2), 100.0, True, LeaseRecord("a", 15, 100, 100, 3), False),
+        (LeaseRecord("", 15, 50, 99, 2), 100.0, False, LeaseRecord("a", 15, 100, 100, 3), False),
     ],
-    ids=["missing", "renew-own", "wait-for-live", "take-expired", "take-released"],
+    ids=["missing", "renew-own", "wait-for-live", "old-renew-time", "take-lapsed", "released"],
 )
 def test_the_election_rule(
-    current: LeaseRecord | None, now: float, write: LeaseRecord | None, create: bool
+    current: LeaseRecord | None,
+    now: float,
+    lapsed: bool,
+    write: LeaseRecord | None,
+    create: bool,
 ) -> None:
-    decision = decide(current, "a", now, 15)
+    decision = decide(current, "a", now, 15, lapsed)
     assert decision.write == write
     assert decision.create is create
     assert decision.leading is (write is not None)
@@ -75,7 +84,7 @@ def test_only_the_holder_can_release() -> None:
     handed = released(record, "a", 11)
     assert handed is not None
     assert handed.holder == ""
-    assert handed.expired(11)
+    assert handed.free
 
 
 @settings(max_examples=200, deadline=None)
@@ -85,10 +94,15 @@ def test_two_replicas_never_both_lead(steps: list[tuple[str, float]]) -> None:
     until its last successful write plus the renew deadline (2/3 of the lease)."""
     lease: LeaseRecord | None = None
     valid_until = {"a": -1.0, "b": -1.0}
+    seen: dict[str, Observation | None] = {"a": None, "b": None}
     now = 0.0
     for who, gap in steps:
         now += gap
-        decision = decide(lease, who, now, 15.0)
+        lapsed = False
+        if lease is not None and lease.holder not in ("", who):
+            seen[who] = observe(seen[who], (lease.holder, lease.renewed), now)
+            lapsed = expired(seen[who], now, lease.duration)
+        decision = decide(lease, who, now, 15.0, lapsed)
         if decision.write is not None:
             lease = decision.write
             valid_until[who] = now + 10.0
