@@ -150,6 +150,12 @@ def job_name_for(pod: Mapping[str, Any]) -> str:
 
     A ReplicaSet's name loses the pod-template hash, so the pods of one Deployment form
     one job; the result is made a DNS-1123 label.
+
+    The name is unique only within the pod's namespace: two namespaces' controllers of one
+    name derive one job name. The agent binds a job to one namespace per node
+    (`rlslice.snapshot_agent.discovery.bind_namespaces`) and refuses the other's pods, so
+    a collision never lets one tenant's switch freeze the other's processes; pods of
+    groups shared by several namespaces should set `rlslice.dev/job` themselves.
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}

@@ -10,6 +10,16 @@ A checkpointed process releases the GPU, so NVML no longer lists it; `ProcessDis
 remembers what it found and keeps a process (by pid and start time, so a reused pid is
 never mistaken for it) while it lives in the same pod, so restore still finds it.
 
+A job belongs to one namespace. Job names are global at the scheduler, but pods of two
+namespaces can carry the same `rlslice.dev/job` label (two tenants' Deployments named
+`trainer`, or a pod labelling itself into another tenant's job). `bind_namespaces` binds
+each job name, on this node, to one namespace: the one already bound while it still has
+a live pod of the job here, else the namespace of the job's oldest pod (creation time,
+then namespace name). Pods of any other namespace with that label are refused: they are
+not the job's pods, so their processes are never adopted, frozen or thawed for it. The
+binding lapses when the bound namespace has no live pod of the job on the node left; a
+newer pod of another namespace can never take a job over while the owner runs.
+
 Pure functions over text and plain dicts; the /proc reader takes its root as a parameter
 (a fixture tree in tests, the host's /proc mounted read-only in the DaemonSet), and NVML
 is an injected function returning pids. `list_node_pods` is the thin Kubernetes adapter.
@@ -49,6 +59,26 @@ class PodRef:
     namespace: str
     job: str
     group: str
+    created: str = ""
+    """`metadata.creationTimestamp` (RFC 3339, UTC: orders as text); "" when unknown."""
+
+
+@dataclass(frozen=True)
+class RefusedPod:
+    """A pod whose job label names a job bound to another namespace on this node."""
+
+    pod: PodRef
+    owner: str
+    """The namespace the job is bound to."""
+
+    @property
+    def reason(self) -> str:
+        """Why the pod is not part of the job, naming both namespaces."""
+        return (
+            f"pod {self.pod.namespace}/{self.pod.name}: rlslice.dev/job={self.pod.job!r} is "
+            f"a job of namespace {self.owner!r} on this node; a pod of namespace "
+            f"{self.pod.namespace!r} cannot join it (refused: its processes are not the job's)"
+        )
 
 
 @dataclass(frozen=True)
@@ -71,6 +101,8 @@ class DiscoveredJob:
     """GPU processes of the job (sorted), including checkpointed ones seen before."""
     keys: tuple[ProcessKey, ...] = ()
     """The same processes with their start times (sorted by pid)."""
+    namespace: str = ""
+    """The namespace the job is bound to on this node (every pod in `pods` is of it)."""
 
 
 def job_pods(pods: Iterable[Mapping[str, Any]], node: str) -> dict[str, PodRef]:
@@ -93,8 +125,42 @@ def job_pods(pods: Iterable[Mapping[str, Any]], node: str) -> dict[str, PodRef]:
             namespace=str(meta.get("namespace", "")),
             job=str(job),
             group=str(labels.get(GROUP_LABEL, "")),
+            created=str(meta.get("creationTimestamp") or ""),
         )
     return found
+
+
+def bind_namespaces(
+    pods: Mapping[str, PodRef], owners: Mapping[str, str] | None = None
+) -> tuple[dict[str, PodRef], dict[str, str], list[RefusedPod]]:
+    """Each job bound to one namespace: (the pods that are the jobs', job -> namespace,
+    the refused pods of other namespaces).
+
+    A job keeps the namespace in `owners` (the last binding) while a pod of the job in that
+    namespace is still here; otherwise it is bound to the namespace of its oldest pod
+    (creation time, then namespace, then pod name: the same answer whatever the order of
+    the listing). Jobs with no pod left here lose their binding.
+    """
+    by_job: dict[str, list[PodRef]] = {}
+    for pod in pods.values():
+        by_job.setdefault(pod.job, []).append(pod)
+    bound: dict[str, str] = {}
+    for job, members in by_job.items():
+        previous = (owners or {}).get(job)
+        if previous is not None and any(p.namespace == previous for p in members):
+            bound[job] = previous
+        else:
+            oldest = min(members, key=lambda p: (p.created or "~", p.namespace, p.name))
+            bound[job] = oldest.namespace
+    kept: dict[str, PodRef] = {}
+    refused: list[RefusedPod] = []
+    for uid, pod in pods.items():
+        if pod.namespace == bound[pod.job]:
+            kept[uid] = pod
+        else:
+            refused.append(RefusedPod(pod, bound[pod.job]))
+    refused.sort(key=lambda r: (r.pod.job, r.pod.namespace, r.pod.name))
+    return kept, bound, refused
 
 
 def pod_uid_of(cgroup_text: str) -> str | None:
@@ -182,10 +248,14 @@ class ProcessDiscovery:
     a function returning None counts every process of a job's pods."""
     _remembered: dict[str, frozenset[ProcessKey]] = field(default_factory=dict)
     jobs: dict[str, DiscoveredJob] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)
+    """Job -> the namespace it is bound to on this node (`bind_namespaces`)."""
+    refused: list[RefusedPod] = field(default_factory=list)
+    """The pods of the last refresh refused for carrying another namespace's job label."""
 
     def refresh(self, pods: Iterable[Mapping[str, Any]]) -> dict[str, DiscoveredJob]:
         """Rediscover from `pods` (the API's pod list); returns job -> DiscoveredJob."""
-        by_uid = job_pods(pods, self.node)
+        by_uid, self.owners, self.refused = bind_namespaces(job_pods(pods, self.node), self.owners)
         processes = scan_proc(self.proc_root)
         self._remembered = match_jobs(by_uid, processes, self.gpu_pids(), self._remembered)
         jobs: dict[str, DiscoveredJob] = {}
@@ -202,6 +272,7 @@ class ProcessDiscovery:
                 pods=job_pods_here,
                 pids=tuple(sorted(key.pid for key in keys)),
                 keys=tuple(sorted(keys, key=lambda k: k.pid)),
+                namespace=self.owners.get(job, ""),
             )
         self.jobs = jobs
         return jobs

@@ -9,6 +9,10 @@
   `/proc/<pid>/cgroup` -> pids, intersected with NVML's GPU processes, or every process
   of the pod for the `sim` backend). Found processes are handed to the engine as verified
   (`AgentEngine.adopt`), replacing socket registrations for those jobs.
+- Whose: a job belongs to one namespace (`discovery.bind_namespaces`). A pod of another
+  namespace carrying the same job label is refused: never adopted, so a switch of the job
+  never freezes it; each refusal is logged once with both namespaces and listed in
+  `KubernetesDiscovery.refused`.
 - When: at every pod event, before every Snapshot/Restore (the engine's `before_move`), and
   every `rescan_seconds`. The interval is needed: a container starting to use a GPU makes
   no API event, so only a fresh look at /proc and NVML sees it.
@@ -38,6 +42,7 @@ from rlslice.snapshot_agent.discovery import (
     JOB_LABEL,
     DiscoveredJob,
     ProcessDiscovery,
+    RefusedPod,
     start_ticks_of,
 )
 from rlslice.snapshot_agent.engine import AgentEngine
@@ -206,6 +211,7 @@ class KubernetesDiscovery:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _last_scan: float = -1e9
     _warned: set[tuple[str, str]] = field(default_factory=set)
+    _refusals_logged: set[tuple[str, str]] = field(default_factory=set)
     _resource_version: str = ""
 
     def __post_init__(self) -> None:
@@ -252,9 +258,23 @@ class KubernetesDiscovery:
             self._last_scan = started
             return found
 
+    @property
+    def refused(self) -> list[RefusedPod]:
+        """The pods on this node refused at the last scan: their job label names a job
+        bound to another namespace (each with a reason naming both namespaces)."""
+        return list(self._discovery.refused)
+
     def _scan(self, pods: list[dict[str, Any]]) -> Found:
         jobs = self._discovery.refresh(pods)
+        self._log_refusals(self._discovery.refused)
         return to_adopt(jobs, self.settings.proc_root, warned=self._warned)
+
+    def _log_refusals(self, refused: list[RefusedPod]) -> None:
+        current = {(r.pod.uid, r.owner) for r in refused}
+        for refusal in refused:
+            if (refusal.pod.uid, refusal.owner) not in self._refusals_logged:
+                log.warning("%s", refusal.reason)
+        self._refusals_logged = current  # a refusal that ends and comes back is logged again
 
     async def _before_move(self) -> None:
         # Two moves on one node in one switch need not scan twice.
