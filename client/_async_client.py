@@ -26,6 +26,7 @@ from rlslice.adapters.tracing import ACQUIRE, span
 from rlslice.client._agent import register_with_local_agent
 from rlslice.client._backoff import Backoff
 from rlslice.client._connection import Connection, RpcFailed
+from rlslice.client._give_back import GiveBacks
 from rlslice.client._homecoming import HOMECOMING_PHASE, Homecomings
 from rlslice.client._leases import LEASE_UNKNOWN, Lease, Leases, YieldRequestedCallback
 from rlslice.client._phase import (
@@ -113,6 +114,7 @@ class AsyncClient:
         )
         self._conn: Connection | None = None
         self._leases: Leases | None = None
+        self._give_backs: GiveBacks | None = None
         if self._settings.scheduler is None:
             log.info(
                 "no scheduler configured (scheduler= or RLSLICE_SCHEDULER): client disabled, every call passes through"
@@ -134,6 +136,7 @@ class AsyncClient:
                 session=secrets.token_hex(8),
                 on_renewed=self._lease_renewed,
             )
+            self._give_backs = GiveBacks(self._conn, self.job, lambda group: group in self._held)
         self._holds: dict[str, _Hold] = {}
         self._held: dict[str, _Held] = {}
         self._homecomings = Homecomings(self._acquire_home, self._yield)
@@ -176,7 +179,8 @@ class AsyncClient:
         """Block until the job holds `group` (the default group when None).
 
         `timeout` in seconds raises DeadlineExceededError when it passes; cancelling the
-        awaiting task cancels the call. Either way the job leaves the group's queue at once.
+        awaiting task cancels the call. Either way the job leaves the group's queue at once,
+        and a grant decided as it left is given back before the error propagates.
         A scheduler restart while waiting does not surface: the call is issued again.
         """
         group_id = self._group(group)
@@ -187,10 +191,11 @@ class AsyncClient:
         if phase:
             validate_phase(phase)
         self._check_open()
-        if self._leases is None or self._conn is None:
+        if self._leases is None or self._conn is None or self._give_backs is None:
             return Grant(0, 0.0, False, 0.0, 0, group_id, self.job, disabled=True)
         if self._homecomings.outstanding(group_id):
             await self._homecomings.settle(group_id)  # this acquire brings the state home
+        await self._give_backs.settle(group_id)  # a grant an earlier acquire left unread
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = None if timeout is None else started + timeout
@@ -198,7 +203,7 @@ class AsyncClient:
             try:
                 await self._start(group_id)
                 lease = await self._leases.get(group_id, deadline)
-                grant = await self._acquire(lease, phase, deadline, started)
+                grant = await self._acquire_or_give_back(lease, phase, deadline, started)
             except RpcFailed as failed:
                 if self._closed:  # close() cut the call: say so, whatever the channel said
                     raise FailedPreconditionError("client: closed") from None
@@ -223,6 +228,34 @@ class AsyncClient:
             )
             self._held[group_id] = _Held(grant, lease.generation)
             return grant
+
+    async def _acquire_or_give_back(
+        self, lease: Lease, phase: str, deadline: float | None, started: float
+    ) -> Grant:
+        """`_acquire`; when the caller cancels or the timeout passes, the grant may have been
+        decided all the same (its answer on the way): give it back before propagating (see
+        `client._give_back`), so the job neither holds the group unawares nor is refused its
+        next acquire."""
+        assert self._give_backs is not None
+        give_backs = self._give_backs
+        give_backs.started(lease.group)
+        try:
+            grant = await self._acquire(lease, phase, deadline, started)
+        except asyncio.CancelledError:
+            give_backs.ended(lease.group)
+            if not self._closed:  # close() unregisters, which gives everything back
+                await give_backs.give_back(lease)
+            raise
+        except RpcFailed as failed:
+            give_backs.ended(lease.group)
+            if isinstance(failed.error, DeadlineExceededError) and not self._closed:
+                await give_backs.give_back(lease)
+            raise
+        except BaseException:
+            give_backs.ended(lease.group)
+            raise
+        give_backs.ended(lease.group)
+        return grant
 
     async def _acquire(
         self, lease: Lease, phase: str, deadline: float | None, started: float
