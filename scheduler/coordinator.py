@@ -44,7 +44,7 @@ from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.scheduler.clock import LoopClock
-from rlslice.scheduler.core import GroupState, Switch, events
+from rlslice.scheduler.core import GroupState, Switch, agent_liveness, events
 from rlslice.scheduler.core.membership import group_nodes
 from rlslice.scheduler.core.moves import (
     JobReport,
@@ -130,8 +130,15 @@ class Coordinator:
         backoff: float = 0.1,
         overlap: bool = True,
         clock: Callable[[], float] | None = None,
+        agent_expiry_seconds: float | None = None,
     ) -> None:
         self.agents: dict[str, AgentRecord] = {}
+        self.agent_expiry_seconds = agent_expiry_seconds
+        """An agent not heard from (re-registered) for this long is expired; None: never."""
+        self.groups: Callable[[], Sequence[GroupState]] = tuple
+        """The groups' states now (the engine's): what tells whether a node holds state."""
+        self.on_removed: Callable[[str], None] = lambda node: None
+        """Told each node whose agent is removed (expired or `remove_agent`): the store."""
         self._token, self._tls = token, tls
         self._rpc_timeout, self._status_timeout = rpc_timeout, status_timeout
         self._retries, self._backoff = retries, backoff
@@ -160,6 +167,43 @@ class Coordinator:
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
 
+    def state_on(self, node: str) -> str | None:
+        """Why `node` may not be dropped (a job's state is there), or None."""
+        for state in sorted(self.groups(), key=lambda s: s.name):
+            if node not in self._resolve(state.spec):
+                continue
+            for where, jobs in (
+                ("parked", state.parked),
+                ("faulted", sorted(state.faulted)),
+                ("resident", state.resident),
+            ):
+                if jobs:
+                    return f"job {jobs[0]} of group {state.name} is {where} on node {node}"
+        return None
+
+    def remove_agent(self, node: str) -> None:
+        """Forget `node`'s agent (its channel closes); the caller checked `state_on`."""
+        self.agents.pop(node, None)
+        old = self._channels.pop(node, None)
+        if old is not None:
+            task = asyncio.ensure_future(old.channel.close(None))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        self.on_removed(node)
+
+    def expire_agents(self) -> list[str]:
+        """Remove agents silent past `agent_expiry_seconds` that hold no job's state; an
+        expired one that does is kept (a switch through it fails naming it) and logged."""
+        heard = {node: agent.registered_at for node, agent in self.agents.items()}
+        stale = agent_liveness.expired(heard, self._clock(), self.agent_expiry_seconds)
+        remove, kept = agent_liveness.split(stale, self.state_on)
+        for node in remove:
+            log.warning("agent on node %s expired (not heard from): removed", node)
+            self.remove_agent(node)
+        for node, why in kept.items():
+            log.warning("agent on node %s expired (not heard from) but kept: %s", node, why)
+        return remove
+
     def nodes_for(self, spec: GroupSpec) -> tuple[str, ...]:
         """The group's nodes: its spec's `nodes`, else the registered agents whose labels
         match its node selector (all of them without one); see `core.membership`. A group
@@ -172,6 +216,14 @@ class Coordinator:
             del self._pinned[spec.name]
             self._once_kept.setdefault(spec.name, set()).update(nodes)
             log.info("group %s: no state left on its kept nodes %s", spec.name, list(nodes))
+        if not spec.nodes:
+            self.expire_agents()
+        return self._resolve(spec)
+
+    def _resolve(self, spec: GroupSpec) -> tuple[str, ...]:
+        pinned = self._pinned.get(spec.name)
+        if pinned is not None:
+            return pinned[0]
         return group_nodes(spec, {node: agent.labels for node, agent in self.agents.items()})
 
     def keep_nodes(self, group: str, nodes: tuple[str, ...], holds: Callable[[], bool]) -> None:

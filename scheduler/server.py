@@ -121,6 +121,7 @@ async def start_scheduler(
         retries=settings.agent_retries,
         backoff=settings.retry_backoff_seconds,
         clock=clock,
+        agent_expiry_seconds=settings.agent_expiry_seconds,
     )
     engine = Engine(
         store if store is not None else open_store(settings.store),
@@ -134,6 +135,13 @@ async def start_scheduler(
         watch_queue_size=settings.watch_queue_size,
         clock=clock,
     )
+    coordinator.groups = lambda: [runtime.state for runtime in engine.groups.values()]
+
+    def agent_removed(node: str) -> None:
+        engine.store.delete_agent(node)
+        metrics.agents.set(len(coordinator.agents))
+
+    coordinator.on_removed = agent_removed
     grpc_server = await GrpcServer.create(
         tokens={
             Role.JOB: settings.job_token,

@@ -54,6 +54,10 @@ class SchedulerSettings(BaseModel):
     """Deadline of each Snapshot or Restore call to an agent."""
     status_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
     """Deadline of each Status and Release call to an agent."""
+    agent_expiry_seconds: Annotated[float, Field(gt=0, le=86_400)] | None = 120.0
+    """An agent not heard from (agents re-register every 30 s) for this long is removed
+    from the groups that switch through all agents, unless a job's state is on its node;
+    None: agents never expire (`rlslice agent remove` still removes one)."""
     agent_retries: Annotated[int, Field(ge=0, le=20)] = 3
     """Retries of an agent call that fails with UNAVAILABLE, with exponential backoff."""
     retry_backoff_seconds: Annotated[float, Field(gt=0, le=60)] = 0.1

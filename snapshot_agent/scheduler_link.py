@@ -5,7 +5,7 @@ gets it, so the agent can drop parked state whose Release it never heard (it was
 
 After a successful RegisterAgent the link waits on the channel's connectivity (no
 polling): when the connection to the scheduler drops and a new one is made, it registers
-again. Failed attempts are retried with capped exponential backoff and jitter.
+again, and it renews every `renew_seconds` anyway (the scheduler expires a silent agent). Failed attempts are retried with capped exponential backoff and jitter.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class SchedulerLink:
         max_backoff: float = 5.0,
         on_registered: Callable[[scheduler_pb2.RegisterAgentResponse], Awaitable[object]]
         | None = None,
+        renew_seconds: float = 30.0,
     ) -> None:
         self._address = address
         self._request = request
@@ -47,6 +48,8 @@ class SchedulerLink:
         self._initial = initial_backoff
         self._max = max_backoff
         self._on_registered = on_registered
+        self._renew = renew_seconds
+        """Registers again at least this often: the scheduler expires a silent agent."""
         self._task: asyncio.Task[None] | None = None
         self.registrations = 0
         """Successful RegisterAgent calls so far."""
@@ -107,7 +110,10 @@ class SchedulerLink:
                         await self._on_registered(response)
                     except Exception:  # the link must outlive any one failure
                         log.exception("acting on the registration's answer failed")
-                await self._until_reconnected(channel)
+                try:
+                    await asyncio.wait_for(self._until_reconnected(channel), self._renew)
+                except TimeoutError:
+                    pass  # renew: the scheduler expires an agent it has not heard from
         finally:
             await channel.close(None)
 
