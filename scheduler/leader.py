@@ -224,6 +224,21 @@ class LeaseElector:
         """Stop leading at once (a store write found the state no longer ours)."""
         self._valid_until = 0.0
 
+    async def confirm(self) -> None:
+        """The store's write precondition: we lead by our own clock and the Lease, read
+        now, still names us. Otherwise step down and raise KubeError 409 (Conflict), so a
+        deposed leader's late write does not land."""
+        if self.leading:
+            lease = await self.api.request("GET", self.path)
+            holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+            if holder == self.identity and self.leading:
+                return
+            detail = f"held by {holder or 'nobody'}"
+        else:
+            detail = "renew deadline passed"
+        self.step_down()
+        raise KubeError(409, f"lease {self.namespace}/{self.name} is not ours any more: {detail}")
+
     async def step(self) -> bool:
         """Read, decide, write once; whether we lead afterwards. API errors: not leading
         (once the renew deadline after our last renewal has passed)."""
@@ -409,6 +424,7 @@ class ElectedScheduler:
         store = self.running.engine.store
         if hasattr(store, "fence"):  # KubernetesStore: no write once the Lease is lost
             store.fence = lambda: self.elector.leading
+            store.precondition = self.elector.confirm  # checked again at each write
         log.info("leading %s as %s", self.elector.name, self.elector.identity)
         self._changed.set()
 

@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -104,6 +104,9 @@ class KubernetesStore:
         """Why the last write failed; None once a write succeeded and no group is poisoned."""
         self.fence: Callable[[], bool] | None = None
         """Asked before every write; False: this replica may no longer write."""
+        self.precondition: Callable[[], Awaitable[None]] | None = None
+        """Awaited right before each API write (set by leader election: the Lease is still
+        ours); raises KubeError (409) when it is not, so a deposed leader's write never lands."""
 
     @classmethod
     def from_spec(cls, spec: str) -> KubernetesStore:
@@ -409,6 +412,7 @@ class KubernetesStore:
     async def _write_group(self, name: str, state: GroupState | None) -> None:
         if state is None:
             try:
+                await self._check_precondition()
                 await self.api.request("DELETE", self._path(self._group_object(name)))
             except KubeError as error:
                 if error.status != 404:
@@ -417,8 +421,14 @@ class KubernetesStore:
         text = json.dumps(encode_group(state), separators=(",", ":"))
         await self._put(self._group_object(name), {"state": text})
 
+    async def _check_precondition(self) -> None:
+        """The leader's precondition (a deposed leader's late write is refused here)."""
+        if self.precondition is not None:
+            await self.precondition()
+
     async def _put(self, name: str, data: dict[str, str]) -> None:
         """Replace the ConfigMap's data (create it when missing)."""
+        await self._check_precondition()
         body = self._configmap(name, data)
         try:
             # A JSON patch sets `data` wholly (a merge patch would keep deleted keys); "add"
