@@ -91,6 +91,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     add("proc-root", help="Kubernetes mode: the host's /proc (default /proc)")
     add("rescan-seconds", help="Kubernetes mode: seconds between process rescans (default 5)")
+    parser.add_argument(
+        "action",
+        nargs=argparse.REMAINDER,
+        help="`remove NODE [--force]`: take a node's agent out of the scheduler (admin; "
+        "see `rlslice agent remove --help`)",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> Any:
@@ -212,6 +218,12 @@ def kubernetes_from(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action:
+        if args.action[0] != "remove":
+            raise SystemExit(f"rlslice agent: unknown action {args.action[0]!r} (try remove)")
+        from rlslice.apps import agent_remove
+
+        return agent_remove.run(args.action[1:])
     import asyncio
     import signal
     import sys

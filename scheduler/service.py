@@ -47,6 +47,8 @@ METHOD_ROLES: dict[str, Role] = method_roles(
         "PutGroup": Role.ADMIN,
         "DeleteGroup": Role.ADMIN,
         "RegisterAgent": Role.AGENT,
+        "UnregisterAgent": Role.AGENT,
+        "RemoveAgent": Role.ADMIN,
     },
 )
 
@@ -289,6 +291,29 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 )
 
             self.coordinator.keep_nodes(name, old, holds)
+
+    @_refusals
+    async def UnregisterAgent(
+        self, request: pb.UnregisterAgentRequest, context: Context
+    ) -> pb.UnregisterAgentResponse:
+        return self._remove_agent(request.node, force=False)
+
+    @_refusals
+    async def RemoveAgent(
+        self, request: pb.RemoveAgentRequest, context: Context
+    ) -> pb.UnregisterAgentResponse:
+        return self._remove_agent(request.node, force=request.force)
+
+    def _remove_agent(self, node: str, *, force: bool) -> pb.UnregisterAgentResponse:
+        validate_id(node, "node")
+        if node not in self.coordinator.agents:
+            return pb.UnregisterAgentResponse(removed=False)
+        why = self.coordinator.state_on(node)
+        if why is not None and not force:
+            raise FailedPreconditionError(f"node {node}: {why} (force removes it anyway)")
+        log.warning("agent on node %s removed%s", node, f" although {why}" if why else "")
+        self.coordinator.remove_agent(node)
+        return pb.UnregisterAgentResponse(removed=True)
 
     @_refusals
     async def RegisterAgent(

@@ -56,6 +56,8 @@ class SchedulerLink:
         self.groups: tuple[str, ...] = ()
         """Groups the scheduler said this node takes part in, at the last registration."""
         self._registered = asyncio.Event()
+        self._stub: Any = None
+        self._node = ""
 
     def start(self) -> None:
         """Begin registering in the background."""
@@ -69,8 +71,18 @@ class SchedulerLink:
             return False
         return True
 
-    async def stop(self) -> None:
-        """Stop the background task."""
+    async def stop(self, unregister: bool = True) -> None:
+        """Stop the background task; first, when registered and `unregister`, tell the
+        scheduler this node leaves (UnregisterAgent; refused while a job's state is here)."""
+        if unregister and self._stub is not None and self._node and self.registrations:
+            try:
+                await self._stub.UnregisterAgent(
+                    scheduler_pb2.UnregisterAgentRequest(node=self._node), timeout=2.0
+                )
+                log.info("unregistered node %s from scheduler %s", self._node, self._address)
+            except grpc.RpcError as error:
+                details = error.details() if isinstance(error, grpc.aio.AioRpcError) else ""
+                log.info("node %s stays registered: %s", self._node, details or error)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -79,6 +91,7 @@ class SchedulerLink:
     async def _run(self) -> None:
         channel = open_channel(self._address, tls=self._tls, token=self._token)
         stub: Any = scheduler_pb2_grpc.SchedulerStub(channel)
+        self._stub = stub
         delay = self._initial
         try:
             while True:
@@ -97,6 +110,7 @@ class SchedulerLink:
                     delay = min(self._max, delay * 2)
                     continue
                 delay = self._initial
+                self._node = request.node
                 self.registrations += 1
                 self.groups = tuple(response.groups)
                 self._registered.set()
@@ -115,6 +129,7 @@ class SchedulerLink:
                 except TimeoutError:
                     pass  # renew: the scheduler expires an agent it has not heard from
         finally:
+            self._stub = None
             await channel.close(None)
 
     @staticmethod

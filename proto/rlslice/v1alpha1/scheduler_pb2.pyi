@@ -897,6 +897,58 @@ class RegisterAgentRequest(google.protobuf.message.Message):
 global___RegisterAgentRequest = RegisterAgentRequest
 
 @typing.final
+class UnregisterAgentRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: builtins.int
+    node: builtins.str
+    """Node name, as in RegisterAgentRequest."""
+    def __init__(
+        self,
+        *,
+        node: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["node", b"node"]) -> None: ...
+
+global___UnregisterAgentRequest = UnregisterAgentRequest
+
+@typing.final
+class RemoveAgentRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    NODE_FIELD_NUMBER: builtins.int
+    FORCE_FIELD_NUMBER: builtins.int
+    node: builtins.str
+    """Node name, as in RegisterAgentRequest."""
+    force: builtins.bool
+    """Remove even while a job's state is on the node (that state is then given up)."""
+    def __init__(
+        self,
+        *,
+        node: builtins.str = ...,
+        force: builtins.bool = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["force", b"force", "node", b"node"]) -> None: ...
+
+global___RemoveAgentRequest = RemoveAgentRequest
+
+@typing.final
+class UnregisterAgentResponse(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: builtins.int
+    removed: builtins.bool
+    """False when no agent was registered for the node."""
+    def __init__(
+        self,
+        *,
+        removed: builtins.bool = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["removed", b"removed"]) -> None: ...
+
+global___UnregisterAgentResponse = UnregisterAgentResponse
+
+@typing.final
 class RegisterAgentResponse(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 

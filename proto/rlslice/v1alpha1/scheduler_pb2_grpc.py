@@ -90,6 +90,16 @@ class SchedulerStub(object):
                 request_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.RegisterAgentRequest.SerializeToString,
                 response_deserializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.RegisterAgentResponse.FromString,
                 _registered_method=True)
+        self.UnregisterAgent = channel.unary_unary(
+                '/rlslice.v1alpha1.Scheduler/UnregisterAgent',
+                request_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentRequest.SerializeToString,
+                response_deserializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentResponse.FromString,
+                _registered_method=True)
+        self.RemoveAgent = channel.unary_unary(
+                '/rlslice.v1alpha1.Scheduler/RemoveAgent',
+                request_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.RemoveAgentRequest.SerializeToString,
+                response_deserializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentResponse.FromString,
+                _registered_method=True)
         self.GetEvents = channel.unary_unary(
                 '/rlslice.v1alpha1.Scheduler/GetEvents',
                 request_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.GetEventsRequest.SerializeToString,
@@ -182,6 +192,23 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UnregisterAgent(self, request, context):
+        """An agent shutting down cleanly takes its node out of the groups that use all agents.
+        FAILED_PRECONDITION (naming the job) while a job's state is on the node; the agent
+        stays registered then and expires later if it does not come back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveAgent(self, request, context):
+        """The admin removes a node's agent (`rlslice agent remove`). FAILED_PRECONDITION naming
+        the job while a job's state is on the node, unless force is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetEvents(self, request, context):
         """The bounded ring of recent events of one group, oldest first (for timelines).
         """
@@ -246,6 +273,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.RegisterAgent,
                     request_deserializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.RegisterAgentRequest.FromString,
                     response_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.RegisterAgentResponse.SerializeToString,
+            ),
+            'UnregisterAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterAgent,
+                    request_deserializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentRequest.FromString,
+                    response_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentResponse.SerializeToString,
+            ),
+            'RemoveAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveAgent,
+                    request_deserializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.RemoveAgentRequest.FromString,
+                    response_serializer=rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentResponse.SerializeToString,
             ),
             'GetEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEvents,
@@ -551,6 +588,60 @@ class Scheduler(object):
             '/rlslice.v1alpha1.Scheduler/RegisterAgent',
             rlslice_dot_v1alpha1_dot_scheduler__pb2.RegisterAgentRequest.SerializeToString,
             rlslice_dot_v1alpha1_dot_scheduler__pb2.RegisterAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlslice.v1alpha1.Scheduler/UnregisterAgent',
+            rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentRequest.SerializeToString,
+            rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlslice.v1alpha1.Scheduler/RemoveAgent',
+            rlslice_dot_v1alpha1_dot_scheduler__pb2.RemoveAgentRequest.SerializeToString,
+            rlslice_dot_v1alpha1_dot_scheduler__pb2.UnregisterAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,6 +99,23 @@ class SchedulerStub:
     ]
     """An agent announces itself: its node name and the address the scheduler reaches it on."""
 
+    UnregisterAgent: grpc.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.scheduler_pb2.UnregisterAgentRequest,
+        rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse,
+    ]
+    """An agent shutting down cleanly takes its node out of the groups that use all agents.
+    FAILED_PRECONDITION (naming the job) while a job's state is on the node; the agent
+    stays registered then and expires later if it does not come back.
+    """
+
+    RemoveAgent: grpc.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.scheduler_pb2.RemoveAgentRequest,
+        rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse,
+    ]
+    """The admin removes a node's agent (`rlslice agent remove`). FAILED_PRECONDITION naming
+    the job while a job's state is on the node, unless force is set.
+    """
+
     GetEvents: grpc.UnaryUnaryMultiCallable[
         rlslice.v1alpha1.scheduler_pb2.GetEventsRequest,
         rlslice.v1alpha1.scheduler_pb2.GetEventsResponse,
@@ -181,6 +198,23 @@ class SchedulerAsyncStub:
         rlslice.v1alpha1.scheduler_pb2.RegisterAgentResponse,
     ]
     """An agent announces itself: its node name and the address the scheduler reaches it on."""
+
+    UnregisterAgent: grpc.aio.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.scheduler_pb2.UnregisterAgentRequest,
+        rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse,
+    ]
+    """An agent shutting down cleanly takes its node out of the groups that use all agents.
+    FAILED_PRECONDITION (naming the job) while a job's state is on the node; the agent
+    stays registered then and expires later if it does not come back.
+    """
+
+    RemoveAgent: grpc.aio.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.scheduler_pb2.RemoveAgentRequest,
+        rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse,
+    ]
+    """The admin removes a node's agent (`rlslice agent remove`). FAILED_PRECONDITION naming
+    the job while a job's state is on the node, unless force is set.
+    """
 
     GetEvents: grpc.aio.UnaryUnaryMultiCallable[
         rlslice.v1alpha1.scheduler_pb2.GetEventsRequest,
@@ -286,6 +320,27 @@ class SchedulerServicer(metaclass=abc.ABCMeta):
         context: _ServicerContext,
     ) -> typing.Union[rlslice.v1alpha1.scheduler_pb2.RegisterAgentResponse, collections.abc.Awaitable[rlslice.v1alpha1.scheduler_pb2.RegisterAgentResponse]]:
         """An agent announces itself: its node name and the address the scheduler reaches it on."""
+
+    @abc.abstractmethod
+    def UnregisterAgent(
+        self,
+        request: rlslice.v1alpha1.scheduler_pb2.UnregisterAgentRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse, collections.abc.Awaitable[rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse]]:
+        """An agent shutting down cleanly takes its node out of the groups that use all agents.
+        FAILED_PRECONDITION (naming the job) while a job's state is on the node; the agent
+        stays registered then and expires later if it does not come back.
+        """
+
+    @abc.abstractmethod
+    def RemoveAgent(
+        self,
+        request: rlslice.v1alpha1.scheduler_pb2.RemoveAgentRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse, collections.abc.Awaitable[rlslice.v1alpha1.scheduler_pb2.UnregisterAgentResponse]]:
+        """The admin removes a node's agent (`rlslice agent remove`). FAILED_PRECONDITION naming
+        the job while a job's state is on the node, unless force is set.
+        """
 
     @abc.abstractmethod
     def GetEvents(
