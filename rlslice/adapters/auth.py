@@ -37,10 +37,10 @@ LOCAL_AGENT_TOKEN_FILE = "agent-token"
 
 
 def default_agent_token_path() -> Path:
-    """`<user state dir>/rlslice/agent-token` (platformdirs; `XDG_STATE_HOME` moves it)."""
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("rlslice")) / LOCAL_AGENT_TOKEN_FILE
+    """`<user state dir>/rlslice/agent-token`: `$XDG_STATE_HOME`, else `~/.local/state` (the
+    XDG rule platformdirs follows on Linux; written here so the base install needs nothing)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "rlslice" / LOCAL_AGENT_TOKEN_FILE
 
 
 def local_agent_token(path: Path | None = None) -> str:
