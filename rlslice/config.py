@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from rlslice._ids import validate_id
 
@@ -30,6 +31,27 @@ class Policy(enum.StrEnum):
     """Higher priority first, with aging so that nothing starves."""
     FAIR = "fair"
     """Least weighted GPU-seconds held first."""
+    LRS = "lrs"
+    """Least recently served first: the waiter whose last hold ended longest ago."""
+    STAGE = "stage"
+    """By phase kind: the waiter whose phase unblocks the most GPU work first, with aging."""
+
+
+class PhaseKind(enum.StrEnum):
+    """What a phase is, declared per phase name in a group spec (`phases`)."""
+
+    ROLLOUT = "rollout"
+    """Generation: may be asked to yield early, at a safe point, when a `train` waits."""
+    TRAIN = "train"
+    """A training step: never asked to yield early."""
+    SYNC = "sync"
+    """A short weight synchronisation, often across several groups."""
+
+
+PHASE_KINDS = tuple(kind.value for kind in PhaseKind)
+DEFAULT_STAGE_AGING_SECONDS = 300.0
+"""A waiter older than this goes first under the `stage` policy (its bound on waiting)."""
+MAX_PHASE_NAME_LENGTH = 63
 
 
 BACKENDS = ("sim", "cuda", "cuda-checkpoint", "app")
@@ -89,6 +111,29 @@ class JobSpec(BaseModel):
         return validate_backend(value) if value else value
 
 
+class PhaseSpec(BaseModel):
+    """What one phase name of a group is: its kind and how long it usually runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: PhaseKind
+    """`rollout` (may be asked to yield early), `train` (never interrupted) or `sync`."""
+    expected_seconds: Annotated[float, Field(ge=0, le=86_400)] = 0.0
+    """How long the phase usually holds the group, in seconds; 0 means unknown."""
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _known_kind(cls, value: object) -> object:
+        if value not in PHASE_KINDS:
+            raise PydanticCustomError("phase_kind", f"must be one of {', '.join(PHASE_KINDS)}")
+        return value
+
+    @field_validator("expected_seconds")
+    @classmethod
+    def _finite_expected(cls, value: float) -> float:
+        return _finite(value, "expected_seconds")
+
+
 class GroupSpec(BaseModel):
     """A group of GPUs that jobs take turns on, and how it behaves."""
 
@@ -120,6 +165,14 @@ class GroupSpec(BaseModel):
     """Refuse the Register of a job no agent of the group knows (its processes never
     registered with their node's agent: nothing of it would move); without it such a job
     is let in, warned and shown as lock only."""
+    phases: dict[str, PhaseSpec] = Field(default_factory=dict)
+    """Phase name (as `client.phase(name)` says it) -> its kind and expected duration.
+    Names not listed behave as they always did: no kind, never asked to yield early."""
+    stage_aging_seconds: Annotated[float, Field(gt=0, le=86_400)] = DEFAULT_STAGE_AGING_SECONDS
+    """`stage` policy: a waiter that has waited this long goes first (oldest first)."""
+    early_yield: bool = True
+    """Ask a holder in a `rollout` phase to yield at its next safe point while a `train`
+    phase waits (only for phase names declared in `phases`)."""
 
     @field_validator("name")
     @classmethod
@@ -138,10 +191,28 @@ class GroupSpec(BaseModel):
     def _known_backend(cls, value: str) -> str:
         return validate_backend(value)
 
-    @field_validator("lease_seconds", "max_hold_seconds", "yield_grace_seconds")
+    @field_validator("phases")
+    @classmethod
+    def _phase_names(cls, value: dict[str, PhaseSpec]) -> dict[str, PhaseSpec]:
+        for name in value:
+            if not name or len(name) > MAX_PHASE_NAME_LENGTH or not name.isprintable():
+                raise ValueError(
+                    f"phases: {name[:MAX_PHASE_NAME_LENGTH]!r} must be printable text of 1 to "
+                    f"{MAX_PHASE_NAME_LENGTH} characters"
+                )
+        return value
+
+    @field_validator(
+        "lease_seconds", "max_hold_seconds", "yield_grace_seconds", "stage_aging_seconds"
+    )
     @classmethod
     def _finite_seconds(cls, value: float) -> float:
         return _finite(value, "seconds")
+
+    def phase_kind(self, phase: str) -> PhaseKind | None:
+        """The declared kind of phase name `phase`, or None when the spec does not list it."""
+        declared = self.phases.get(phase)
+        return declared.kind if declared is not None else None
 
     def job(self, name: str) -> JobSpec:
         """The spec of job `name`, or the defaults when the group does not list it."""

@@ -169,7 +169,8 @@ def _acquire(tx: _Tx, e: ev.Acquire) -> None:
             raise AlreadyExistsError(f"job: {e.job!r} is already waiting for group {s.name!r}")
         # A caller back after a scheduler restart takes its old place in the queue.
         rejoined = replace(waiter, ticket=e.ticket, attached=True, phase=e.phase or waiter.phase)
-        tx.set(queue=tuple(rejoined if w is waiter else w for w in s.queue))
+        _note_phase(tx, e.job, rejoined.phase)
+        tx.set(queue=tuple(rejoined if w is waiter else w for w in tx.s.queue))
         tx.record(Kind.QUEUED, e.job, "rejoined")
         _serve(tx)
         return
@@ -181,10 +182,18 @@ def _acquire(tx: _Tx, e: ev.Acquire) -> None:
         return
     if e.job in s.preempted:
         tx.set(preempted=s.preempted - {e.job})  # acquiring again implies the yield
+    _note_phase(tx, e.job, e.phase)
     tx.set(queue=(*tx.s.queue, Waiter(e.job, e.ticket, tx.now, e.phase)))
     tx.record(Kind.QUEUED, e.job, e.phase)
     _check_hold(tx)
     _serve(tx)
+
+
+def _note_phase(tx: _Tx, job: str, phase: str) -> None:
+    """Keep on the job's record the phase it waits for (it holds that phase once granted)."""
+    record = tx.s.jobs[job]
+    if record.phase != phase:
+        tx.set(jobs={**tx.s.jobs, job: replace(record, phase=phase)})
 
 
 def _cancel(tx: _Tx, e: ev.Cancel) -> None:
@@ -261,7 +270,7 @@ def _check_hold(tx: _Tx) -> None:
     if tx.now < s.yield_requested_at + s.spec.yield_grace_seconds:
         return
     victim, since = s.holder, s.holder_since
-    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
+    waiter = _pick(s, tx.now)
     assert waiter is not None  # attached_waiters() > 0
     held = _end_hold(tx)
     tx.set(
@@ -302,12 +311,25 @@ def keepalive_answer(state: GroupState, job: str, now: float) -> tuple[float, bo
 # -- switches ---------------------------------------------------------------------------
 
 
+def _pick(s: GroupState, now: float) -> Waiter | None:
+    """The waiter the group's policy serves next."""
+    spec = s.spec
+    return pick(
+        spec.policy,
+        s.queue,
+        s.jobs,
+        now,
+        phases=spec.phases,
+        stage_aging_seconds=spec.stage_aging_seconds,
+    )
+
+
 def _serve(tx: _Tx) -> None:
     """Hand a free group to the next waiter: at once if it is resident, else by a switch."""
     s = tx.s
     if s.switch is not None:
         return
-    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now) if s.holder is None else None
+    waiter = _pick(s, tx.now) if s.holder is None else None
     if waiter is None:
         _prefetch(tx)
         return
@@ -336,7 +358,7 @@ def _prefetch(tx: _Tx) -> None:
         return
     if s.holder is None:
         return
-    waiter = pick(s.spec.policy, s.queue, s.jobs, tx.now)
+    waiter = _pick(s, tx.now)
     if waiter is None or not waiter.attached or waiter.job not in s.parked:
         return
     if waiter.job in s.faulted or s.unfit == (s.holder, waiter.job):
@@ -680,8 +702,9 @@ def _end_hold(tx: _Tx) -> float:
     assert s.holder is not None
     held = max(0.0, tx.now - s.holder_since)
     record = s.jobs[s.holder]
+    ended = replace(record, held_seconds=record.held_seconds + held, last_served_at=tx.now)
     tx.set(
-        jobs={**s.jobs, s.holder: replace(record, held_seconds=record.held_seconds + held)},
+        jobs={**s.jobs, s.holder: ended},
         holder=None,
         holder_since=0.0,
         yield_requested_at=None,

@@ -35,6 +35,10 @@ class JobRecord:
     """Seconds the job has held the lock (closed holds only)."""
     session: str = ""
     """The client instance that registered (see `RegisterRequest.session`); "" if unsaid."""
+    last_served_at: float | None = None
+    """When the job's last hold of the group ended (`lrs` policy); None: never served."""
+    phase: str = ""
+    """The phase the job last asked for: the one it waits for, or holds once granted."""
 
 
 @dataclass(frozen=True, slots=True)
