@@ -20,83 +20,30 @@ time-sliced runs see the same durations. Time is simulated: an hour takes millis
 
 Busy fractions count GPU-phase time only (not switching). "Dedicated" gives each job its
 own group: the fraction is the mean over those groups. "Time-sliced" is the one shared group.
+A job's step time is the mean length of its cycles completed within the horizon.
+
+The queue is ordered by `policy`: the built-in `fifo`, `priority` (no aging) and `fair`
+keys, or, given a `picker` (`rlslice.planner.waiters`), by that function; `rlslice
+simulate` passes one made of the scheduler's own policy code, so every scheduler policy
+(`lrs`, `stage`, ...) is simulated by the code the scheduler runs.
 """
 
 from __future__ import annotations
 
 import heapq
-import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from rlslice._errors import InvalidArgumentError
 from rlslice.planner import _checks
+from rlslice.planner.jobs import POLICIES as POLICIES
+from rlslice.planner.jobs import Durations, mean_step, run_alone
+from rlslice.planner.jobs import JobProfile as JobProfile
+from rlslice.planner.jobs import Phase as Phase
+from rlslice.planner.jobs import PhaseKind as PhaseKind
+from rlslice.planner.jobs import Policy as Policy
 from rlslice.planner.timeline import SwitchMarker, TimelineInterval
-
-PhaseKind = Literal["gpu", "cpu"]
-Policy = Literal["fifo", "priority", "fair"]
-POLICIES: tuple[str, ...] = ("fifo", "priority", "fair")
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One step of a job's cycle."""
-
-    name: str
-    kind: PhaseKind
-    seconds: float
-    #: relative half-width of the uniform jitter on `seconds` (0.1: +-10 %)
-    jitter: float = 0.0
-    #: GPU phases: bytes the job keeps on the device during and after this phase
-    device_bytes: int = 0
-
-    def __post_init__(self) -> None:
-        _checks.name("phase name", self.name)
-        _checks.choice(f"phase {self.name!r} kind", self.kind, ("gpu", "cpu"))
-        _checks.real(f"phase {self.name!r} seconds", self.seconds, positive=True)
-        _checks.real(f"phase {self.name!r} jitter", self.jitter, minimum=0, maximum=0.99)
-        _checks.integer(f"phase {self.name!r} device_bytes", self.device_bytes, minimum=0)
-
-
-@dataclass(frozen=True)
-class JobProfile:
-    """A job's repeating cycle of phases and its scheduling attributes."""
-
-    name: str
-    phases: tuple[Phase, ...]
-    #: higher runs first under the `priority` policy
-    priority: int = 0
-    #: share under the `fair` policy
-    weight: float = 1.0
-    #: the job starts this many seconds into the run
-    offset_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        _checks.name("job name", self.name)
-        if not isinstance(self.phases, tuple) or not self.phases:
-            raise InvalidArgumentError(f"job {self.name!r} phases must be a non-empty tuple")
-        if not any(phase.kind == "gpu" for phase in self.phases):
-            raise InvalidArgumentError(f"job {self.name!r} phases must include a gpu phase")
-        _checks.integer(f"job {self.name!r} priority", self.priority)
-        _checks.real(f"job {self.name!r} weight", self.weight, positive=True)
-        _checks.real(f"job {self.name!r} offset_s", self.offset_s, minimum=0)
-
-    @property
-    def cycle_seconds(self) -> float:
-        """Nominal length of one cycle."""
-        return sum(phase.seconds for phase in self.phases)
-
-    @property
-    def gpu_fraction(self) -> float:
-        """Nominal share of a cycle spent in GPU phases: its dedicated busy fraction."""
-        gpu = sum(phase.seconds for phase in self.phases if phase.kind == "gpu")
-        return gpu / self.cycle_seconds
-
-    @property
-    def peak_device_bytes(self) -> int:
-        """The largest device footprint of any phase."""
-        return max(phase.device_bytes for phase in self.phases)
+from rlslice.planner.waiters import Picker, QueuedJob
 
 
 @dataclass(frozen=True)
@@ -113,6 +60,10 @@ class JobOutcome:
     wait_seconds: float
     #: how much longer the same work takes: active seconds dedicated / active seconds sliced
     slowdown: float
+    #: mean seconds of a cycle completed within the horizon, alone (0: none completed)
+    dedicated_step_seconds: float = 0.0
+    #: the same, time-sliced
+    step_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -133,41 +84,15 @@ class InterleaveResult:
     switch_markers: tuple[SwitchMarker, ...]
 
     @property
+    def min_step_seconds(self) -> float:
+        """The shortest time-sliced step time of the jobs that completed a cycle (0: none)."""
+        steps = [job.step_seconds for job in self.jobs if job.step_seconds > 0]
+        return min(steps) if steps else 0.0
+
+    @property
     def gpus_saved(self) -> float:
         """Groups freed by sharing: len(jobs) dedicated groups become one."""
         return float(len(self.jobs) - 1)
-
-
-class _Durations:
-    """Each job's phase durations, drawn in order from its own seeded stream."""
-
-    def __init__(self, job: JobProfile, seed: int) -> None:
-        self._job = job
-        self._rng = random.Random(f"{seed}:{job.name}")
-        self._drawn: list[float] = []
-
-    def get(self, index: int) -> float:
-        while len(self._drawn) <= index:
-            phase = self._job.phases[len(self._drawn) % len(self._job.phases)]
-            spread = phase.jitter
-            factor = self._rng.uniform(1 - spread, 1 + spread) if spread else 1.0
-            self._drawn.append(phase.seconds * factor)
-        return self._drawn[index]
-
-
-def _dedicated(job: JobProfile, durations: _Durations, horizon: float) -> tuple[int, float]:
-    """Completed cycles and GPU seconds of `job` alone on its own group."""
-    now, step, gpu = job.offset_s, 0, 0.0
-    count = len(job.phases)
-    while now < horizon:
-        seconds = durations.get(step)
-        if job.phases[step % count].kind == "gpu":
-            gpu += min(now + seconds, horizon) - now
-        now += seconds
-        step += 1
-        if now > horizon:
-            step -= 1
-    return step // count, gpu
 
 
 @dataclass
@@ -182,6 +107,12 @@ class _JobState:
     gpu_seconds: float = 0.0
     wait_seconds: float = 0.0
     active_seconds: float = 0.0
+    ticket: int = 0
+    granted_at: float | None = None
+    served_at: float | None = None
+    hold_started: float = 0.0
+    held_seconds: float = 0.0
+    cycle_ends: list[float] | None = None
 
     @property
     def phase(self) -> Phase:
@@ -211,9 +142,12 @@ class _Group:
         overhead: float,
         policy: str,
         horizon: float,
+        picker: Picker | None = None,
     ) -> None:
-        self.states = [_JobState(job, i) for i, job in enumerate(jobs)]
-        self.durations = [_Durations(job, seed) for job in jobs]
+        self.states = [_JobState(job, i, cycle_ends=[]) for i, job in enumerate(jobs)]
+        self.picker = picker
+        self.tickets = 0
+        self.durations = [Durations(job, seed) for job in jobs]
         self.gpu_bytes, self.bandwidth, self.overhead = gpu_bytes, bandwidth, overhead
         self.policy, self.horizon = policy, horizon
         self.events: list[tuple[float, int, str, int]] = []
@@ -245,6 +179,8 @@ class _Group:
             self.schedule(now + seconds, "done", state.index)
         else:
             state.requested_at = now
+            self.tickets += 1
+            state.ticket = self.tickets
             self.waiting.append(state)
 
     def run_gpu(self, state: _JobState, now: float) -> None:
@@ -258,7 +194,14 @@ class _Group:
         state.active_seconds += ran
         self.schedule(now + seconds, "done", state.index)
 
-    def pick(self) -> _JobState:
+    def pick(self, now: float) -> _JobState:
+        if self.picker is not None:
+            queue = sorted(self.waiting, key=lambda s: s.ticket)
+            name = self.picker([_queued(s) for s in queue], now)
+            chosen = next(s for s in queue if s.job.name == name)
+            self.waiting.remove(chosen)
+            return chosen
+
         def key(state: _JobState) -> tuple[float, ...]:
             fifo = (state.requested_at, float(state.index))
             if self.policy == "priority":
@@ -274,7 +217,8 @@ class _Group:
     def grant(self, now: float) -> None:
         if self.busy or not self.waiting:
             return
-        state = self.pick()
+        state = self.pick(now)
+        state.granted_at = state.hold_started = now
         need = state.hold_need()
         others = sorted(
             (s for s in self.states if s.resident and s is not state), key=lambda s: s.last_used
@@ -330,6 +274,10 @@ class _Group:
                 self.run_gpu(state, now)
                 return
             self.busy = False  # yield
+            state.served_at = now
+            state.held_seconds += now - state.hold_started
+        if state.step % len(state.job.phases) == 0 and state.cycle_ends is not None:
+            state.cycle_ends.append(now)
         self.start_phase(state, now)
 
     def run(self) -> None:
@@ -351,6 +299,21 @@ class _Group:
 
     def cycles(self, state: _JobState) -> int:
         return state.step // len(state.job.phases)
+
+
+def _queued(state: _JobState) -> QueuedJob:
+    """A waiter as a policy sees it."""
+    return QueuedJob(
+        job=state.job.name,
+        ticket=state.ticket,
+        since=state.requested_at,
+        phase=state.phase.name,
+        priority=state.job.priority,
+        weight=state.job.weight,
+        held_seconds=state.held_seconds,
+        last_served_at=state.served_at,
+        last_granted_at=state.granted_at,
+    )
 
 
 def _validate_jobs(jobs: Sequence[JobProfile], gpu_bytes: int) -> tuple[JobProfile, ...]:
@@ -381,7 +344,7 @@ def _outcome(
     job: JobProfile, state: _JobState, group: _Group, seed: int, horizon: float
 ) -> JobOutcome:
     """The job run alone (same draws, by the seed) next to its share of the sliced `group`."""
-    cycles, gpu = _dedicated(job, _Durations(job, seed), horizon)
+    cycles, gpu, step = run_alone(job, Durations(job, seed), horizon)
     active_dedicated = max(0.0, horizon - job.offset_s)
     return JobOutcome(
         name=job.name,
@@ -391,6 +354,8 @@ def _outcome(
         sliced_gpu_seconds=state.gpu_seconds,
         wait_seconds=state.wait_seconds,
         slowdown=_slowdown(active_dedicated, state.active_seconds),
+        dedicated_step_seconds=step,
+        step_seconds=mean_step(job.offset_s, state.cycle_ends or ()),
     )
 
 
@@ -403,17 +368,25 @@ def simulate_interleaving(
     policy: str = "fifo",
     horizon_s: float = 3600.0,
     seed: int = 0,
+    picker: Picker | None = None,
 ) -> InterleaveResult:
     """Run `jobs` dedicated (one group each) and time-sliced (one shared group); compare.
 
     `gpu_bytes` is the device memory of the group per GPU (after any headroom) and
     `bandwidth_bytes_per_s` the host<->device copy rate per GPU; `device_bytes` of the
     phases are per GPU too, so a group of many GPUs is modelled by one of them.
+    `picker` orders the queue instead of the built-in key of `policy`, which then only
+    names the policy in the result.
     """
     capacity = _checks.integer("gpu_bytes", gpu_bytes, minimum=1)
     bandwidth = _checks.real("bandwidth_bytes_per_s", bandwidth_bytes_per_s, positive=True)
     overhead = _checks.real("overhead_s", overhead_s, minimum=0)
-    chosen = _checks.choice("policy", policy, POLICIES)
+    if picker is None:
+        chosen = _checks.choice("policy", policy, POLICIES)
+    elif callable(picker):
+        chosen = _checks.name("policy", policy)
+    else:
+        raise InvalidArgumentError(f"picker must be callable, got {type(picker).__name__}")
     horizon = _checks.real("horizon_s", horizon_s, positive=True)
     _checks.integer("seed", seed)
     profiles = _validate_jobs(jobs, capacity)
@@ -426,6 +399,7 @@ def simulate_interleaving(
         overhead=overhead,
         policy=chosen,
         horizon=horizon,
+        picker=picker,
     )
     group.run()
 
