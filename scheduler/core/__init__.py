@@ -15,9 +15,10 @@ from rlslice.scheduler.core.machine import (
     step,
 )
 from rlslice.scheduler.core.placement import Location, Placement, PlacementMap
-from rlslice.scheduler.core.policies import AGING_PER_SECOND, order, pick
+from rlslice.scheduler.core.policies import AGING_PER_SECOND, order, pick, pick_next
 from rlslice.scheduler.core.residency import NodeMemory, choose_evictions, fits
 from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core.yields import YieldReason, early_yield_for, yield_reason
 
 __all__ = [
     "AGING_PER_SECOND",
@@ -33,15 +34,19 @@ __all__ = [
     "Transition",
     "WaitEdge",
     "Waiter",
+    "YieldReason",
     "actions",
     "choose_evictions",
     "closing_cycle",
     "deadline",
+    "early_yield_for",
     "events",
     "fits",
     "keepalive_answer",
     "new_group",
     "order",
     "pick",
+    "pick_next",
     "step",
+    "yield_reason",
 ]

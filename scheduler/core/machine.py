@@ -25,7 +25,7 @@ from rlslice.config import GroupSpec
 from rlslice.scheduler.core import actions as a
 from rlslice.scheduler.core import events as ev
 from rlslice.scheduler.core.actions import Kind
-from rlslice.scheduler.core.policies import pick
+from rlslice.scheduler.core.policies import pick_next
 from rlslice.scheduler.core.spec_change import spec_change_refusal
 from rlslice.scheduler.core.state import (
     GroupState,
@@ -33,6 +33,7 @@ from rlslice.scheduler.core.state import (
     Switch,
     Waiter,
 )
+from rlslice.scheduler.core.yields import keepalive_answer
 
 #: A switch that fails is tried this many times in all before its waiter fails.
 MAX_SWITCH_ATTEMPTS = 2
@@ -270,7 +271,7 @@ def _check_hold(tx: _Tx) -> None:
     if tx.now < s.yield_requested_at + s.spec.yield_grace_seconds:
         return
     victim, since = s.holder, s.holder_since
-    waiter = _pick(s, tx.now)
+    waiter = pick_next(s, tx.now)
     assert waiter is not None  # attached_waiters() > 0
     held = _end_hold(tx)
     tx.set(
@@ -296,32 +297,7 @@ def deadline(state: GroupState) -> float | None:
     return min(times) if times else None
 
 
-def keepalive_answer(state: GroupState, job: str, now: float) -> tuple[float, bool, float]:
-    """(ttl seconds, yield requested, seconds before preemption) for a KeepAlive of `job`."""
-    record = state.jobs[job]
-    ttl = max(0.0, record.expires_at - now)
-    if state.holder == job and state.yield_requested_at is not None:
-        left = state.yield_requested_at + state.spec.yield_grace_seconds - now
-        return ttl, True, max(0.0, left)
-    if job in state.preempted:
-        return ttl, True, 0.0
-    return ttl, False, 0.0
-
-
 # -- switches ---------------------------------------------------------------------------
-
-
-def _pick(s: GroupState, now: float) -> Waiter | None:
-    """The waiter the group's policy serves next."""
-    spec = s.spec
-    return pick(
-        spec.policy,
-        s.queue,
-        s.jobs,
-        now,
-        phases=spec.phases,
-        stage_aging_seconds=spec.stage_aging_seconds,
-    )
 
 
 def _serve(tx: _Tx) -> None:
@@ -329,7 +305,7 @@ def _serve(tx: _Tx) -> None:
     s = tx.s
     if s.switch is not None:
         return
-    waiter = _pick(s, tx.now) if s.holder is None else None
+    waiter = pick_next(s, tx.now) if s.holder is None else None
     if waiter is None:
         _prefetch(tx)
         return
@@ -358,7 +334,7 @@ def _prefetch(tx: _Tx) -> None:
         return
     if s.holder is None:
         return
-    waiter = _pick(s, tx.now)
+    waiter = pick_next(s, tx.now)
     if waiter is None or not waiter.attached or waiter.job not in s.parked:
         return
     if waiter.job in s.faulted or s.unfit == (s.holder, waiter.job):

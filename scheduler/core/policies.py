@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from rlslice.config import DEFAULT_STAGE_AGING_SECONDS, PhaseKind, PhaseSpec, Policy
-from rlslice.scheduler.core.state import JobRecord, Waiter
+from rlslice.scheduler.core.state import GroupState, JobRecord, Waiter
 
 #: Effective priority gained per second of waiting (priority policy).
 AGING_PER_SECOND = 1.0
@@ -149,3 +149,16 @@ def pick(
         return candidates[0]
     key = _KEYS[policy](jobs, now, phases or _NO_PHASES, stage_aging_seconds)
     return min(candidates, key=key)
+
+
+def pick_next(state: GroupState, now: float) -> Waiter | None:
+    """The waiter `state`'s group serves next, under its spec's policy and phase table."""
+    spec = state.spec
+    return pick(
+        spec.policy,
+        state.queue,
+        state.jobs,
+        now,
+        phases=spec.phases,
+        stage_aging_seconds=spec.stage_aging_seconds,
+    )
