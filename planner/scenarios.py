@@ -5,12 +5,18 @@ busy about 40 % of the time when it owns them (rollout and training on the GPU; 
 scoring and data preparation on the CPU), sharing one group of 80 GiB GPUs.
 Time-sliced, the group is busy well over 70 % of the time.
 
+`three_jobs_scenario()` is issue 27's case for the waiter-ordering policies: three RL jobs
+with unequal phases on one 80 GiB group (docs/planner.md, "Policies: three jobs"), more
+GPU work than one group has (their GPU fractions sum to 1.52), so the order decides who
+waits. `SCENARIOS` names the built-in ones.
+
 `scenario_from_mapping(data)` reads the plain structure a YAML file holds::
 
     group: {gpu_memory_gib: 80, bandwidth_gb_per_s: 25, overhead_s: 0.5}
     horizon_s: 3600
-    policy: fifo
+    policy: fifo         # any scheduler policy: fifo, priority, fair, lrs, stage
     seed: 0
+    phases: {rollout: rollout, train: train}   # optional: GPU phase name -> kind
     jobs:
       - name: grpo-a
         priority: 0          # optional; also weight, offset_s
@@ -21,11 +27,12 @@ Time-sliced, the group is busy well over 70 % of the time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlslice._errors import InvalidArgumentError
+from rlslice.config import PHASE_KINDS, Policy
 from rlslice.planner import _checks
 from rlslice.planner.interleave import (
     InterleaveResult,
@@ -34,6 +41,7 @@ from rlslice.planner.interleave import (
     simulate_interleaving,
 )
 from rlslice.planner.memory import BYTES_PER_GIB
+from rlslice.planner.waiters import Picker
 
 
 @dataclass(frozen=True)
@@ -47,11 +55,20 @@ class Scenario:
     horizon_s: float = 3600.0
     policy: str = "fifo"
     seed: int = 0
+    phase_kinds: Mapping[str, str] = field(default_factory=dict)
+    """GPU phase name -> its kind (`rollout`, `train`, `sync`), as the group spec's
+    `phases` would declare it; the `stage` policy orders by it."""
 
     def run(
-        self, *, policy: str | None = None, horizon_s: float | None = None, seed: int | None = None
+        self,
+        *,
+        policy: str | None = None,
+        horizon_s: float | None = None,
+        seed: int | None = None,
+        picker: Picker | None = None,
     ) -> InterleaveResult:
-        """Simulate, optionally overriding the policy, horizon or seed."""
+        """Simulate, optionally overriding the policy, horizon or seed; `picker` orders
+        the queue (see `simulate_interleaving`)."""
         return simulate_interleaving(
             self.jobs,
             gpu_bytes=self.gpu_bytes,
@@ -60,6 +77,7 @@ class Scenario:
             policy=self.policy if policy is None else policy,
             horizon_s=self.horizon_s if horizon_s is None else horizon_s,
             seed=self.seed if seed is None else seed,
+            picker=picker,
         )
 
 
@@ -89,6 +107,52 @@ def article_scenario() -> Scenario:
         policy="fifo",
         seed=0,
     )
+
+
+def _job(name: str, rollout: float, reward: float, train: float, prepare: float) -> JobProfile:
+    """Rollout (32 GiB: weights, KV cache) and train (50 GiB: weights, optimizer state) on
+    the GPU, reward scoring and data preparation on the CPU, 10 % jitter on each."""
+    return JobProfile(
+        name=name,
+        phases=(
+            Phase("rollout", "gpu", rollout, jitter=0.1, device_bytes=32 * BYTES_PER_GIB),
+            Phase("reward", "cpu", reward, jitter=0.1),
+            Phase("train", "gpu", train, jitter=0.1, device_bytes=50 * BYTES_PER_GIB),
+            Phase("prepare", "cpu", prepare, jitter=0.1),
+        ),
+    )
+
+
+#: (name, rollout, reward, train, prepare) seconds of the three-jobs scenario.
+THREE_JOBS: tuple[tuple[str, float, float, float, float], ...] = (
+    # Long chain-of-thought generation, a LoRA update: GPU 195 of 415 s.
+    ("rollout-heavy", 170.0, 115.0, 25.0, 105.0),
+    # A GRPO step of the course's shape: GPU 105 of 225 s.
+    ("balanced", 50.0, 45.0, 55.0, 75.0),
+    # Short answers, a full fine-tune of a large batch: GPU 260 of 445 s.
+    ("train-heavy", 30.0, 110.0, 230.0, 75.0),
+)
+
+
+def three_jobs_scenario() -> Scenario:
+    """Three RL jobs with unequal phases sharing one group of 80 GiB GPUs (issue 27)."""
+    return Scenario(
+        jobs=tuple(_job(*shape) for shape in THREE_JOBS),
+        gpu_bytes=80 * BYTES_PER_GIB,
+        bandwidth_bytes_per_s=25e9,
+        overhead_s=0.5,
+        horizon_s=7200.0,
+        policy="fifo",
+        seed=0,
+        phase_kinds={"rollout": "rollout", "train": "train"},
+    )
+
+
+#: The built-in scenarios by name (`rlslice simulate --scenario NAME`).
+SCENARIOS: Mapping[str, Callable[[], Scenario]] = {
+    "article": article_scenario,
+    "three-jobs": three_jobs_scenario,
+}
 
 
 def _bytes(where: str, data: Mapping[str, Any], stem: str, default: int = 0) -> int:
@@ -156,6 +220,15 @@ def scenario_from_mapping(data: object) -> Scenario:
         bandwidth_bytes_per_s=bandwidth * 1e9,
         overhead_s=_checks.real("group.overhead_s", group.get("overhead_s", 0.0), minimum=0),
         horizon_s=_checks.real("horizon_s", root.get("horizon_s", 3600.0), positive=True),
-        policy=_checks.choice("policy", root.get("policy", "fifo"), ("fifo", "priority", "fair")),
+        policy=_checks.choice("policy", root.get("policy", "fifo"), [p.value for p in Policy]),
         seed=_checks.integer("seed", root.get("seed", 0)),
+        phase_kinds=_phase_kinds(root.get("phases", {})),
     )
+
+
+def _phase_kinds(value: object) -> dict[str, str]:
+    """`phases: {name: kind}`, each kind one the group spec accepts."""
+    return {
+        _checks.name("phases key", name): _checks.choice(f"phases.{name}", kind, PHASE_KINDS)
+        for name, kind in _mapping("phases", value).items()
+    }
