@@ -167,9 +167,24 @@ class AsyncClient:
         return self._settings.scheduler is None
 
     def yield_requested(self, group: str | None = None) -> bool:
-        """Whether the scheduler asked this job to yield `group` (it held past max_hold_seconds)."""
+        """Whether the scheduler asks this job to yield `group`: it held past
+        max_hold_seconds, or (early yield) it runs a `rollout` while a `train` waits."""
         lease = self._lease_of(self._group(group))
         return lease is not None and lease.yield_requested
+
+    async def wait_yield_requested(
+        self, group: str | None = None, timeout: float | None = None
+    ) -> bool:
+        """Wait until the scheduler asks this job to yield `group`; False after `timeout`."""
+        lease = self._lease_of(self._group(group))
+        if lease is None:  # not registered there (or a disabled client): never asked
+            await asyncio.sleep(math.inf if timeout is None else timeout)
+            return False
+        try:
+            await asyncio.wait_for(lease.yield_event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     # -- the calls ------------------------------------------------------------------------
 
@@ -227,6 +242,7 @@ class AsyncClient:
                 restored=grant.restored,
             )
             self._held[group_id] = _Held(grant, lease.generation)
+            lease.clear_yield_request()  # any earlier request was about an earlier hold
             return grant
 
     async def _acquire_or_give_back(

@@ -15,7 +15,7 @@ import inspect
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlslice._errors import (
     AlreadyExistsError,
@@ -58,6 +58,11 @@ class Lease:
     """Raised at every registration again; a grant from an older generation is void."""
     yield_requested: bool = False
     preempt_in_seconds: float = 0.0
+    """Seconds before preemption when asked to yield; infinite for an early yield."""
+    yield_reason: int = pb.YIELD_REASON_UNSPECIFIED
+    """Why the scheduler asks (`pb.YieldReason`): held too long, preempted, a train waits."""
+    yield_event: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while `yield_requested` (what `phase.wait_should_yield()` awaits)."""
     task: asyncio.Task[None] | None = None
     expires_at: float = math.inf
     """Loop time by which the scheduler lapses the lease unless a renewal reaches it: the
@@ -67,6 +72,20 @@ class Lease:
     def lapsed(self, now: float) -> bool:
         """Whether the scheduler may have lapsed the lease by `now` (no renewal answered)."""
         return now >= self.expires_at
+
+    def note_yield_request(self, asked: bool, preempt_in: float, reason: int) -> None:
+        """Keep the scheduler's latest word on yielding (a KeepAlive answer)."""
+        self.yield_requested = asked
+        self.preempt_in_seconds = preempt_in if asked else 0.0
+        self.yield_reason = reason if asked else pb.YIELD_REASON_UNSPECIFIED
+        if asked:
+            self.yield_event.set()
+        else:
+            self.yield_event.clear()
+
+    def clear_yield_request(self) -> None:
+        """Forget a request: it was about a hold that ended (a new grant, a new lease)."""
+        self.note_yield_request(False, 0.0, pb.YIELD_REASON_UNSPECIFIED)
 
 
 class Leases:
@@ -132,7 +151,7 @@ class Leases:
             lease.ttl = answer.lease_seconds
             lease.expires_at = sent + answer.lease_seconds
             lease.generation += 1
-            lease.yield_requested = False
+            lease.clear_yield_request()
             log.warning(
                 "lease of job %r in group %r was unknown to the scheduler: registered again "
                 "(a lock held under the old lease is lost)",
@@ -241,14 +260,16 @@ class Leases:
 
     def _note_yield_request(self, lease: Lease, answer: pb.KeepAliveResponse) -> None:
         asked_now = answer.yield_requested and not lease.yield_requested
-        lease.yield_requested = answer.yield_requested
-        lease.preempt_in_seconds = answer.preempt_in_seconds
+        lease.note_yield_request(
+            answer.yield_requested, answer.preempt_in_seconds, answer.yield_reason
+        )
         if not asked_now:
             return
         log.info(
-            "scheduler asks job %r to yield group %r (preemption in %.1f s)",
+            "scheduler asks job %r to yield group %r (%s; preemption in %.1f s)",
             self._settings.job,
             lease.group,
+            pb.YieldReason.Name(answer.yield_reason).removeprefix("YIELD_REASON_").lower(),
             answer.preempt_in_seconds,
         )
         if self._on_yield_requested is not None:

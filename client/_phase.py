@@ -147,12 +147,25 @@ class _SyncBlock(Generic[T]):
 
 
 class AsyncPhase(_AsyncBlock[Grant]):
-    """`async with client.phase("train") as grant:` or `@client.phase("train")` on an async def."""
+    """`async with client.phase("train") as grant:` or `@client.phase("train")` on an async def.
+
+    Keep the object to ask it, inside the block, whether to end the phase early
+    (`should_yield()`, `await wait_should_yield()`): see docs/client.md, "Early yield"."""
 
     def __init__(self, client: AsyncClient, name: str, group: str) -> None:
         self._client = client
         self.name = name
         self.group = group
+
+    def should_yield(self) -> bool:
+        """Whether the scheduler asks the job to yield this phase's group now: a `rollout`
+        while a `train` waits (early yield), or a hold past `max_hold_seconds`. End the
+        phase at the next safe point (a step boundary). Known as of the last KeepAlive."""
+        return self._client.yield_requested(self.group)
+
+    async def wait_should_yield(self, timeout: float | None = None) -> bool:
+        """Wait until `should_yield()` turns true; False when `timeout` seconds pass first."""
+        return await self._client.wait_yield_requested(self.group, timeout)
 
     async def __aenter__(self) -> Grant:
         return await self._client._enter_phase(self.name, self.group)
@@ -173,6 +186,15 @@ class SyncPhase(_SyncBlock[Grant]):
         super().__init__(client, AsyncPhase(client._async, name, group))
         self.name = name
         self.group = group
+
+    def should_yield(self) -> bool:
+        """Whether the scheduler asks the job to yield this phase's group now; see
+        `AsyncPhase.should_yield`."""
+        return self._client.yield_requested(self.group)
+
+    def wait_should_yield(self, timeout: float | None = None) -> bool:
+        """Block until `should_yield()` turns true; False when `timeout` seconds pass first."""
+        return self._client.wait_yield_requested(self.group, timeout)
 
 
 class AsyncGroupsPhase(_AsyncBlock[dict[str, Grant]]):

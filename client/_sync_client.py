@@ -104,8 +104,12 @@ class Client:
         return self._async.disabled
 
     def yield_requested(self, group: str | None = None) -> bool:
-        """Whether the scheduler asked this job to yield `group`."""
+        """Whether the scheduler asks this job to yield `group`; see `AsyncClient`."""
         return self._async.yield_requested(group)
+
+    def wait_yield_requested(self, group: str | None = None, timeout: float | None = None) -> bool:
+        """Block until the scheduler asks this job to yield `group`; False after `timeout`."""
+        return self._run(lambda c: c.wait_yield_requested(group, timeout))
 
     def acquire(
         self, timeout: float | None = None, group: str | None = None, phase: str = ""

@@ -6,7 +6,7 @@ from collections.abc import Collection, Sequence
 
 from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.scheduler._runtime import EventEntry
-from rlslice.scheduler.core import GroupState, Location, actions, order
+from rlslice.scheduler.core import GroupState, Location, YieldReason, actions, order
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 _JOB_STATE = {
@@ -18,6 +18,24 @@ _JOB_STATE = {
 }
 _EVENT_KIND = {kind.value: getattr(pb, f"EVENT_KIND_{kind.name}") for kind in actions.Kind}
 _EVENT_KIND["snapshot"] = pb.EVENT_KIND_SNAPSHOT
+_YIELD_REASON = {
+    YieldReason.NONE: pb.YIELD_REASON_UNSPECIFIED,
+    YieldReason.MAX_HOLD: pb.YIELD_REASON_MAX_HOLD,
+    YieldReason.PREEMPTED: pb.YIELD_REASON_PREEMPTED,
+    YieldReason.TRAIN_WAITING: pb.YIELD_REASON_TRAIN_WAITING,
+}
+
+
+def keepalive_response(
+    ttl: float, asked: bool, preempt_in: float, reason: YieldReason
+) -> pb.KeepAliveResponse:
+    """The answer to a KeepAlive: the lease's ttl and whether (and why) to yield."""
+    return pb.KeepAliveResponse(
+        ttl_seconds=ttl,
+        yield_requested=asked,
+        preempt_in_seconds=preempt_in,
+        yield_reason=_YIELD_REASON[reason],
+    )
 
 
 def phase(state: GroupState) -> str:
@@ -39,7 +57,15 @@ def group_status(
     lock_only: Collection[str] = (),
 ) -> pb.GroupStatus:
     """The wire form of a group's state."""
-    queue = order(state.spec.policy, state.queue, state.jobs, now)
+    spec = state.spec
+    queue = order(
+        spec.policy,
+        state.queue,
+        state.jobs,
+        now,
+        phases=spec.phases,
+        stage_aging_seconds=spec.stage_aging_seconds,
+    )
     position = {w.job: i + 1 for i, w in enumerate(queue)}
     jobs = []
     for name, record in state.jobs.items():

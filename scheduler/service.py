@@ -23,7 +23,7 @@ from rlslice.config import GroupSpec
 from rlslice.scheduler import _proto, _validate, registration
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler.coordinator import Coordinator
-from rlslice.scheduler.core import GroupState
+from rlslice.scheduler.core import GroupState, YieldReason, yield_reason
 from rlslice.scheduler.core.spec_change import jobs_off_device, node_change_refusal
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.store import AgentRecord
@@ -156,7 +156,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     ) -> pb.KeepAliveResponse:
         _validate.lease(request.lease_id, request.secret)
         ttl, asked, left = self.engine.keepalive(request.lease_id, request.secret)
-        return pb.KeepAliveResponse(ttl_seconds=ttl, yield_requested=asked, preempt_in_seconds=left)
+        reason = YieldReason.NONE
+        if asked:
+            runtime, record = self.engine.lease(request.lease_id, request.secret)
+            reason = yield_reason(runtime.state, record.name, self.engine.clock())
+        return _proto.keepalive_response(ttl, asked, left, reason)
 
     @_refusals
     async def Unregister(

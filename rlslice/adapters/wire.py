@@ -6,15 +6,25 @@ client, the testing kit and the benches convert here, at the edge.
 
 from __future__ import annotations
 
-from rlslice.config import GroupSpec, JobSpec, Policy
+from typing import Any
+
+from rlslice.config import GroupSpec, JobSpec, PhaseKind, Policy
 from rlslice.v1alpha1 import scheduler_pb2
 
 _POLICY_TO_PROTO = {
     Policy.FIFO: scheduler_pb2.POLICY_FIFO,
     Policy.PRIORITY: scheduler_pb2.POLICY_PRIORITY,
     Policy.FAIR: scheduler_pb2.POLICY_FAIR,
+    Policy.LRS: scheduler_pb2.POLICY_LRS,
+    Policy.STAGE: scheduler_pb2.POLICY_STAGE,
 }
 _POLICY_FROM_PROTO = {v: k for k, v in _POLICY_TO_PROTO.items()}
+_KIND_TO_PROTO = {
+    PhaseKind.ROLLOUT: scheduler_pb2.PHASE_KIND_ROLLOUT,
+    PhaseKind.TRAIN: scheduler_pb2.PHASE_KIND_TRAIN,
+    PhaseKind.SYNC: scheduler_pb2.PHASE_KIND_SYNC,
+}
+_KIND_FROM_PROTO = {v: k.value for k, v in _KIND_TO_PROTO.items()}
 
 
 def group_spec_to_proto(spec: GroupSpec) -> scheduler_pb2.GroupSpec:
@@ -37,6 +47,14 @@ def group_spec_to_proto(spec: GroupSpec) -> scheduler_pb2.GroupSpec:
         ],
         node_selector=dict(spec.node_selector),
         require_agent_registration=spec.require_agent_registration,
+        phases={
+            name: scheduler_pb2.PhaseSpec(
+                kind=_KIND_TO_PROTO[phase.kind], expected_seconds=phase.expected_seconds
+            )
+            for name, phase in spec.phases.items()
+        },
+        stage_aging_seconds=spec.stage_aging_seconds,
+        early_yield=spec.early_yield,
     )
 
 
@@ -59,4 +77,15 @@ def group_spec_from_proto(message: scheduler_pb2.GroupSpec) -> GroupSpec:
         ),
         node_selector=dict(message.node_selector),
         require_agent_registration=message.require_agent_registration,
+        phases={name: _phase_from_proto(p) for name, p in message.phases.items()},
+        stage_aging_seconds=message.stage_aging_seconds or defaults["stage_aging_seconds"].default,
+        early_yield=message.early_yield if message.HasField("early_yield") else True,
     )
+
+
+def _phase_from_proto(message: scheduler_pb2.PhaseSpec) -> Any:
+    """A wire phase as model input: an unset kind stays "" so validation names the field."""
+    return {
+        "kind": _KIND_FROM_PROTO.get(message.kind, ""),
+        "expected_seconds": message.expected_seconds,
+    }

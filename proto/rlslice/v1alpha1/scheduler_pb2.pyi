@@ -37,6 +37,10 @@ class _PolicyEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTyp
     """Higher priority first; waiting raises priority (aging) so nothing starves."""
     POLICY_FAIR: _Policy.ValueType  # 3
     """Least weighted GPU-seconds held first."""
+    POLICY_LRS: _Policy.ValueType  # 4
+    """Least recently served first: the waiter whose last hold ended longest ago."""
+    POLICY_STAGE: _Policy.ValueType  # 5
+    """By phase kind: sync, then train, then rollout; a waiter past stage_aging_seconds first."""
 
 class Policy(_Policy, metaclass=_PolicyEnumTypeWrapper):
     """How a group orders its waiters."""
@@ -49,7 +53,39 @@ POLICY_PRIORITY: Policy.ValueType  # 2
 """Higher priority first; waiting raises priority (aging) so nothing starves."""
 POLICY_FAIR: Policy.ValueType  # 3
 """Least weighted GPU-seconds held first."""
+POLICY_LRS: Policy.ValueType  # 4
+"""Least recently served first: the waiter whose last hold ended longest ago."""
+POLICY_STAGE: Policy.ValueType  # 5
+"""By phase kind: sync, then train, then rollout; a waiter past stage_aging_seconds first."""
 global___Policy = Policy
+
+class _PhaseKind:
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
+
+class _PhaseKindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_PhaseKind.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
+    PHASE_KIND_UNSPECIFIED: _PhaseKind.ValueType  # 0
+    """Not set: refused (INVALID_ARGUMENT naming the field)."""
+    PHASE_KIND_ROLLOUT: _PhaseKind.ValueType  # 1
+    """Generation: may be asked to yield early, at a safe point, while a train waits."""
+    PHASE_KIND_TRAIN: _PhaseKind.ValueType  # 2
+    """A training step: never asked to yield early."""
+    PHASE_KIND_SYNC: _PhaseKind.ValueType  # 3
+    """A short weight synchronisation, often across several groups."""
+
+class PhaseKind(_PhaseKind, metaclass=_PhaseKindEnumTypeWrapper):
+    """What a phase is (GroupSpec.phases)."""
+
+PHASE_KIND_UNSPECIFIED: PhaseKind.ValueType  # 0
+"""Not set: refused (INVALID_ARGUMENT naming the field)."""
+PHASE_KIND_ROLLOUT: PhaseKind.ValueType  # 1
+"""Generation: may be asked to yield early, at a safe point, while a train waits."""
+PHASE_KIND_TRAIN: PhaseKind.ValueType  # 2
+"""A training step: never asked to yield early."""
+PHASE_KIND_SYNC: PhaseKind.ValueType  # 3
+"""A short weight synchronisation, often across several groups."""
+global___PhaseKind = PhaseKind
 
 class _JobState:
     ValueType = typing.NewType("ValueType", builtins.int)
@@ -84,6 +120,38 @@ JOB_STATE_FAULTED: JobState.ValueType  # 4
 JOB_STATE_IDLE: JobState.ValueType  # 5
 """Registered and never ran on the group."""
 global___JobState = JobState
+
+class _YieldReason:
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
+
+class _YieldReasonEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_YieldReason.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
+    YIELD_REASON_UNSPECIFIED: _YieldReason.ValueType  # 0
+    """Not asked."""
+    YIELD_REASON_MAX_HOLD: _YieldReason.ValueType  # 1
+    """Held past max_hold_seconds: yield within the grace or be preempted."""
+    YIELD_REASON_PREEMPTED: _YieldReason.ValueType  # 2
+    """Preempted while it believed it held: its next Yield is accepted."""
+    YIELD_REASON_TRAIN_WAITING: _YieldReason.ValueType  # 3
+    """A rollout holder while a train is served next: yield at the next safe point; nothing
+    preempts it.
+    """
+
+class YieldReason(_YieldReason, metaclass=_YieldReasonEnumTypeWrapper):
+    """Why a holder is asked to yield."""
+
+YIELD_REASON_UNSPECIFIED: YieldReason.ValueType  # 0
+"""Not asked."""
+YIELD_REASON_MAX_HOLD: YieldReason.ValueType  # 1
+"""Held past max_hold_seconds: yield within the grace or be preempted."""
+YIELD_REASON_PREEMPTED: YieldReason.ValueType  # 2
+"""Preempted while it believed it held: its next Yield is accepted."""
+YIELD_REASON_TRAIN_WAITING: YieldReason.ValueType  # 3
+"""A rollout holder while a train is served next: yield at the next safe point; nothing
+preempts it.
+"""
+global___YieldReason = YieldReason
 
 class _EventKind:
     ValueType = typing.NewType("ValueType", builtins.int)
@@ -146,6 +214,27 @@ EVENT_KIND_PREFETCH: EventKind.ValueType  # 20
 "undone" when the waiter left, or "failed: why").
 """
 global___EventKind = EventKind
+
+@typing.final
+class PhaseSpec(google.protobuf.message.Message):
+    """One phase name of a group: its kind and how long it usually holds the group."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: builtins.int
+    EXPECTED_SECONDS_FIELD_NUMBER: builtins.int
+    kind: global___PhaseKind.ValueType
+    expected_seconds: builtins.float
+    """Seconds; 0 means unknown."""
+    def __init__(
+        self,
+        *,
+        kind: global___PhaseKind.ValueType = ...,
+        expected_seconds: builtins.float = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["expected_seconds", b"expected_seconds", "kind", b"kind"]) -> None: ...
+
+global___PhaseSpec = PhaseSpec
 
 @typing.final
 class JobSpec(google.protobuf.message.Message):
@@ -215,6 +304,24 @@ class GroupSpec(google.protobuf.message.Message):
         ) -> None: ...
         def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
 
+    @typing.final
+    class PhasesEntry(google.protobuf.message.Message):
+        DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: builtins.int
+        VALUE_FIELD_NUMBER: builtins.int
+        key: builtins.str
+        @property
+        def value(self) -> global___PhaseSpec: ...
+        def __init__(
+            self,
+            *,
+            key: builtins.str = ...,
+            value: global___PhaseSpec | None = ...,
+        ) -> None: ...
+        def HasField(self, field_name: typing.Literal["value", b"value"]) -> builtins.bool: ...
+        def ClearField(self, field_name: typing.Literal["key", b"key", "value", b"value"]) -> None: ...
+
     NAME_FIELD_NUMBER: builtins.int
     POLICY_FIELD_NUMBER: builtins.int
     LEASE_SECONDS_FIELD_NUMBER: builtins.int
@@ -227,6 +334,9 @@ class GroupSpec(google.protobuf.message.Message):
     JOBS_FIELD_NUMBER: builtins.int
     NODE_SELECTOR_FIELD_NUMBER: builtins.int
     REQUIRE_AGENT_REGISTRATION_FIELD_NUMBER: builtins.int
+    PHASES_FIELD_NUMBER: builtins.int
+    STAGE_AGING_SECONDS_FIELD_NUMBER: builtins.int
+    EARLY_YIELD_FIELD_NUMBER: builtins.int
     name: builtins.str
     """Group id, a DNS-1123 label."""
     policy: global___Policy.ValueType
@@ -245,6 +355,10 @@ class GroupSpec(google.protobuf.message.Message):
     """Refuse (FAILED_PRECONDITION) the Register of a job that no agent of the group knows:
     its processes never registered with their node's agent, so nothing of it would move.
     """
+    stage_aging_seconds: builtins.float
+    """POLICY_STAGE: a waiter that has waited this many seconds goes first; 0 means 300."""
+    early_yield: builtins.bool
+    """Ask a rollout holder to yield early while a train is served next; unset means true."""
     @property
     def backend_options(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
         """Backend options, passed to the agents as they are."""
@@ -261,6 +375,10 @@ class GroupSpec(google.protobuf.message.Message):
     def node_selector(self) -> google.protobuf.internal.containers.ScalarMap[builtins.str, builtins.str]:
         """Kubernetes-style node selector the group was derived from (informational here)."""
 
+    @property
+    def phases(self) -> google.protobuf.internal.containers.MessageMap[builtins.str, global___PhaseSpec]:
+        """Phase name (as the job's Acquire says it) -> its kind; names not listed have none."""
+
     def __init__(
         self,
         *,
@@ -276,8 +394,13 @@ class GroupSpec(google.protobuf.message.Message):
         jobs: collections.abc.Iterable[global___JobSpec] | None = ...,
         node_selector: collections.abc.Mapping[builtins.str, builtins.str] | None = ...,
         require_agent_registration: builtins.bool = ...,
+        phases: collections.abc.Mapping[builtins.str, global___PhaseSpec] | None = ...,
+        stage_aging_seconds: builtins.float = ...,
+        early_yield: builtins.bool | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["backend", b"backend", "backend_options", b"backend_options", "headroom_bytes", b"headroom_bytes", "jobs", b"jobs", "lease_seconds", b"lease_seconds", "max_hold_seconds", b"max_hold_seconds", "name", b"name", "node_selector", b"node_selector", "nodes", b"nodes", "policy", b"policy", "require_agent_registration", b"require_agent_registration", "yield_grace_seconds", b"yield_grace_seconds"]) -> None: ...
+    def HasField(self, field_name: typing.Literal["_early_yield", b"_early_yield", "early_yield", b"early_yield"]) -> builtins.bool: ...
+    def ClearField(self, field_name: typing.Literal["_early_yield", b"_early_yield", "backend", b"backend", "backend_options", b"backend_options", "early_yield", b"early_yield", "headroom_bytes", b"headroom_bytes", "jobs", b"jobs", "lease_seconds", b"lease_seconds", "max_hold_seconds", b"max_hold_seconds", "name", b"name", "node_selector", b"node_selector", "nodes", b"nodes", "phases", b"phases", "policy", b"policy", "require_agent_registration", b"require_agent_registration", "stage_aging_seconds", b"stage_aging_seconds", "yield_grace_seconds", b"yield_grace_seconds"]) -> None: ...
+    def WhichOneof(self, oneof_group: typing.Literal["_early_yield", b"_early_yield"]) -> typing.Literal["early_yield"] | None: ...
 
 global___GroupSpec = GroupSpec
 
@@ -517,20 +640,24 @@ class KeepAliveResponse(google.protobuf.message.Message):
     TTL_SECONDS_FIELD_NUMBER: builtins.int
     YIELD_REQUESTED_FIELD_NUMBER: builtins.int
     PREEMPT_IN_SECONDS_FIELD_NUMBER: builtins.int
+    YIELD_REASON_FIELD_NUMBER: builtins.int
     ttl_seconds: builtins.float
     """Seconds until the lease lapses without another KeepAlive."""
     yield_requested: builtins.bool
-    """The holder has held past max_hold_seconds: yield soon or be preempted."""
+    """The holder is asked to yield: see yield_reason."""
     preempt_in_seconds: builtins.float
-    """Seconds left before preemption, when yield_requested."""
+    """Seconds left before preemption, when yield_requested; infinite for an early yield."""
+    yield_reason: global___YieldReason.ValueType
+    """Why yield_requested is set."""
     def __init__(
         self,
         *,
         ttl_seconds: builtins.float = ...,
         yield_requested: builtins.bool = ...,
         preempt_in_seconds: builtins.float = ...,
+        yield_reason: global___YieldReason.ValueType = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["preempt_in_seconds", b"preempt_in_seconds", "ttl_seconds", b"ttl_seconds", "yield_requested", b"yield_requested"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["preempt_in_seconds", b"preempt_in_seconds", "ttl_seconds", b"ttl_seconds", "yield_reason", b"yield_reason", "yield_requested", b"yield_requested"]) -> None: ...
 
 global___KeepAliveResponse = KeepAliveResponse
 
