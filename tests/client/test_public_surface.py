@@ -18,8 +18,13 @@ from rlslice.client import AsyncClient, Client, Grant, YieldResult
 EXPECTED = {
     "AsyncClient",
     "Client",
+    "CommunicatorOffloader",
     "Grant",
+    "RankedClient",
+    "Ranks",
     "YieldResult",
+    "communicator_path",
+    "detect_ranks",
     "register_with_agent",
     "register_with_agent_async",
     "validate_phase",
