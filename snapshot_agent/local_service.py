@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,6 +41,20 @@ _SERVER_KINDS = ("vllm", "sglang")
 _MAX_TAGS = 64
 
 
+def environ_rank(pid: int) -> int | None:
+    """`RANK` from the process's initial environment (torchrun, srun and the launchers set
+    it), so a move's error can name the rank; None when unreadable or unset."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in raw.split(b"\0"):
+        if item.startswith(b"RANK="):
+            text = item[5:].decode(errors="replace")
+            return int(text) if text.isdigit() else None
+    return None
+
+
 def _modes(values: Sequence[int]) -> tuple[str, ...]:
     modes = []
     for value in values:
@@ -62,8 +77,16 @@ class StreamWorkload:
     """One workload's command stream, as the `app` backend sees it (`WorkloadLink`)."""
 
     def __init__(
-        self, modes: Sequence[str], tags: Sequence[str], local_server: LocalServer | None
+        self,
+        modes: Sequence[str],
+        tags: Sequence[str],
+        local_server: LocalServer | None,
+        *,
+        pid: int = 0,
+        rank: int | None = None,
     ) -> None:
+        self.pid = pid
+        self.rank = rank
         self.modes = frozenset(modes)
         self.tags = tuple(tags)
         self.local_server = None if local_server is None else (local_server.kind, local_server.port)
@@ -183,7 +206,9 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
             await abort_with(context, error)
             return
         entry = self._engine.table.entries[hello.job]
-        link = StreamWorkload(modes, tags, entry.local_server)
+        link = StreamWorkload(
+            modes, tags, entry.local_server, pid=ref.pid, rank=environ_rank(ref.pid)
+        )
         self._engine.attach_workload(hello.job, link)
         reader = asyncio.ensure_future(self._read_replies(context, link))
         try:

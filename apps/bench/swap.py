@@ -164,6 +164,8 @@ class PipeLink:
         self.modes: frozenset[str] = frozenset(worker.hello["modes"])
         self.tags: tuple[str, ...] = tuple(worker.hello["tags"])
         self.local_server: tuple[str, int] | None = None
+        self.pid = 0  # not an agent's stream: no peer credentials
+        self.rank: int | None = None
 
     async def command(
         self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float

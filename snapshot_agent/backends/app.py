@@ -11,6 +11,12 @@ Failure of any workload (an error, or no answer by the deadline): the workloads 
 offloaded, or may have, are told to RESTORE, then BackendError. Restoring a workload that
 holds nothing is a no-op on the workload side, so this is safe to repeat.
 
+A job of many ranks (one workload per rank process, on one node or several) moves all its
+ranks or none: the error names the rank that failed (`rank R (pid P)`, or `pid P` where
+the process has no `RANK`). A rank whose stream this backend saw and which has none now
+(its process died, or its offload loop ended) fails the move before anything is sent:
+moving the others alone would park half a job. Only the job named is ever commanded.
+
 No privileges, no driver API: torch tensors move to pinned host buffers, vLLM sleeps,
 SGLang releases memory. Options: `discard_tags` (per snapshot), `rollback_seconds` (60).
 
@@ -75,6 +81,8 @@ class AppBackend:
         self._options = dict(context.options)
         self._pinned: dict[str, int] = {}
         """Job -> host buffer bytes its workloads said they hold after their last command."""
+        self._ranks: dict[str, dict[int, int | None]] = {}
+        """Job -> pid -> rank of every workload stream seen for it on this node."""
         self._nvml = nvml if nvml is not None else Nvml()
 
     async def probe(self) -> ProbeResult:
@@ -120,6 +128,18 @@ class AppBackend:
                 f"app: job {job.job} has no workload stream on this node: its processes must "
                 "run rlslice.client.offload.serve_offload"
             )
+        seen = self._ranks.setdefault(job.job, {})
+        streaming = {link.pid for link in job.workloads if link.pid}
+        lost = sorted(pid for pid in seen if pid not in streaming)
+        if lost:
+            names = ", ".join(_name(pid, seen[pid]) for pid in lost)
+            raise BackendError(
+                f"app: job {job.job}: {names} no longer answers (its workload stream is "
+                "gone): the job's ranks move together or not at all; nothing moved"
+            )
+        for link in job.workloads:
+            if link.pid:
+                seen[link.pid] = link.rank
         return job.workloads
 
     async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
@@ -144,8 +164,7 @@ class AppBackend:
             # Everything that offloaded, or may have (no answer in time), comes back.
             back = [link for link, a in zip(links, answers, strict=True) if not _refused(a)]
             await self._roll_back(job, back)
-            index, answer = failures[0]
-            raise BackendError(f"app: workload {index} of job {job.job}: {_why(answer)}; restored")
+            raise BackendError(_failed_message(job, links, failures, "") + "; others restored")
         self._note_pinned(job, answers)
         moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
         return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
@@ -193,8 +212,7 @@ class AppBackend:
         )
         failures = [(i, a) for i, a in enumerate(answers) if _failed(a)]
         if failures:
-            index, answer = failures[0]
-            raise BackendError(f"app: workload {index} of job {job.job}: restore: {_why(answer)}")
+            raise BackendError(_failed_message(job, links, failures, "restore: "))
         self._note_pinned(job, answers)
         moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
         return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
@@ -213,6 +231,7 @@ class AppBackend:
     async def release(self, job: JobHandle) -> int:
         # Parked tensors live in the workload's own pinned buffers, freed with its process.
         self._pinned.pop(job.job, None)
+        self._ranks.pop(job.job, None)
         return 0
 
     async def devices(self) -> Sequence[DeviceUsage]:
@@ -237,3 +256,22 @@ def _why(answer: WorkloadAnswer | BaseException) -> str:
     if isinstance(answer, TimeoutError):
         return "no answer by the deadline"
     return str(answer) or type(answer).__name__
+
+
+def _name(pid: int, rank: int | None) -> str:
+    """A workload as an error names it: `rank R (pid P)`, or `pid P`."""
+    return f"rank {rank} (pid {pid})" if rank is not None else f"pid {pid}"
+
+
+def _failed_message(
+    job: JobHandle,
+    links: Sequence[WorkloadLink],
+    failures: Sequence[tuple[int, WorkloadAnswer | BaseException]],
+    what: str,
+) -> str:
+    """One line: the first workload that failed, by index and rank, and why."""
+    index, answer = failures[0]
+    link = links[index]
+    who = f" ({_name(link.pid, link.rank)})" if link.pid else ""
+    more = f" and {len(failures) - 1} more" if len(failures) > 1 else ""
+    return f"app: workload {index} of job {job.job}: {what}{_why(answer)}{who}{more}"

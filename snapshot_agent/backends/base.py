@@ -59,6 +59,10 @@ class WorkloadLink(Protocol):
     """Tags the workload offloads by."""
     local_server: tuple[str, int] | None
     """("vllm" | "sglang", port) when the job runs its own local inference server."""
+    pid: int
+    """The workload's process, from the stream's peer credentials (0: unknown)."""
+    rank: int | None
+    """Its torch.distributed rank (`RANK` in its environment), None when it has none."""
 
     async def command(
         self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float

@@ -38,6 +38,8 @@ class RecordingLink:
     modes = frozenset({"offload"})
     tags: tuple[str, ...] = ()
     local_server = None
+    pid = 0
+    rank: int | None = None
 
     def __init__(self) -> None:
         self.commands: list[OffloadAction] = []

@@ -58,6 +58,8 @@ class InProcessLink:
         self.modes = offloader.modes
         self.tags = offloader.tags
         self.local_server = None
+        self.pid = 0
+        self.rank: int | None = None
         self.commands: list[tuple[OffloadAction, tuple[str, ...]]] = []
 
     async def command(
