@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONSAFEPATH := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: venv test lint typecheck pytest demo proto bench clean tools image
+.PHONY: venv test lint typecheck pytest demo proto bench clean tools image release
 
 venv: $(STAMP)
 
@@ -51,6 +51,12 @@ bench: venv
 # EXTRAS=a,b (docs/image.md). Wheels are built here first, so the build needs no network.
 image: venv
 	IMAGE="$(IMAGE)" BASE="$(BASE)" EXTRAS="$(EXTRAS)" PYTHON=$(BIN)/python tools/image/build.sh
+
+# One version's wheel, sdist, image, chart package, SBOM, SHA256SUMS and release.json into
+# dist/release/; REGISTRY=host:port[/path] also pushes the image and the chart there
+# (PLAIN_HTTP=1 for a registry without TLS; loopback is always plain). docs/image.md.
+release: venv tools
+	$(BIN)/python tools/release.py $(if $(REGISTRY),--registry "$(REGISTRY)") $(if $(filter 1,$(PLAIN_HTTP)),--plain-http)
 
 clean:
 	rm -rf $(VENV) .typecheck .tools build *.egg-info .whl

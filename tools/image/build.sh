@@ -7,12 +7,20 @@
 #   EXTRAS  extras to install (default scheduler,agent,cuda,operator,tracing)
 #   ONLINE  1: let the build fetch wheels from the package index instead of using the
 #           wheels built here (tools/image/wheels.sh; needs this machine's Python to be 3.11)
+#
+#   tools/image/build.sh --version     print the version the image is tagged and labelled
+#                                      with (rlslice/_version.py's), build nothing
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
-engine="$("$here/engine.sh")"
 version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$root/rlslice/_version.py")"
+[ -n "$version" ] || { echo "build.sh: no __version__ in rlslice/_version.py" >&2; exit 1; }
+if [ "${1:-}" = --version ]; then
+  echo "$version"
+  exit 0
+fi
+engine="$("$here/engine.sh")"
 image="${IMAGE:-rlslice:$version}"
 extras="${EXTRAS:-scheduler,agent,cuda,operator,tracing}"
 slim=docker.io/library/python:3.11-slim-bookworm
