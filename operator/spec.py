@@ -121,6 +121,9 @@ def group_spec(name: str, spec: Mapping[str, Any]) -> GroupSpec:
             jobs=jobs,
             node_selector=node_labels(spec.get("nodeSelector")),
             require_agent_registration=spec.get("requireAgentRegistration", False),
+            phases=_phases(spec.get("phases") or {}),
+            stage_aging_seconds=_integer(spec, "stageAgingSeconds", 300),
+            early_yield=spec.get("earlyYield", True),
         )
     except ValidationError as error:
         raise InvalidArgumentError(_first_error(error, "spec.")) from None
@@ -128,6 +131,24 @@ def group_spec(name: str, spec: Mapping[str, Any]) -> GroupSpec:
         raise
     except (TypeError, ValueError) as error:
         raise InvalidArgumentError(f"spec: {error}") from None
+
+
+def _phases(phases: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec.phases` (name -> {kind, expectedSeconds}) as model input; the model names a
+    bad kind (`spec.phases.rollout.kind: must be one of rollout, train, sync`)."""
+    if not isinstance(phases, Mapping):
+        raise InvalidArgumentError("spec.phases: must map phase names to {kind, expectedSeconds}")
+    out: dict[str, Any] = {}
+    for name, phase in phases.items():
+        if not isinstance(phase, Mapping):
+            raise InvalidArgumentError(f"spec.phases.{name}: must be a mapping with a kind")
+        seconds = phase.get("expectedSeconds", 0)
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            raise InvalidArgumentError(
+                f"spec.phases.{name}.expectedSeconds: {seconds!r} is not a whole number of seconds"
+            )
+        out[str(name)] = {"kind": phase.get("kind"), "expected_seconds": float(seconds)}
+    return out
 
 
 def _job(index: int, job: Mapping[str, Any]) -> JobSpec:
@@ -169,6 +190,9 @@ _FIELD_NAMES = {
     "headroom_bytes": "headroom",
     "node_selector": "nodeSelector",
     "require_agent_registration": "requireAgentRegistration",
+    "expected_seconds": "expectedSeconds",
+    "stage_aging_seconds": "stageAgingSeconds",
+    "early_yield": "earlyYield",
 }
 
 

@@ -97,6 +97,20 @@ def test_an_empty_spec_takes_the_crd_defaults() -> None:
         ("rl-a", {"jobs": [{"name": "a"}, {"name": "a"}]}, "spec.jobs[1].name:"),
         ("rl-a", {"leaseSeconds": "soon"}, "spec.leaseSeconds:"),
         ("Bad_Name", {}, "metadata.name:"),
+        ("rl-a", {"phases": {"rollout": {"kind": "gen"}}}, "spec.phases.rollout.kind:"),
+        ("rl-a", {"phases": {"rollout": {}}}, "spec.phases.rollout.kind:"),
+        (
+            "rl-a",
+            {"phases": {"train": {"kind": "train", "expectedSeconds": -1}}},
+            "spec.phases.train.expectedSeconds:",
+        ),
+        (
+            "rl-a",
+            {"phases": {"train": {"kind": "train", "expectedSeconds": 0.5}}},
+            "spec.phases.train.expectedSeconds:",
+        ),
+        ("rl-a", {"phases": ["rollout"]}, "spec.phases:"),
+        ("rl-a", {"stageAgingSeconds": 0}, "spec.stageAgingSeconds:"),
     ],
 )
 def test_a_bad_field_is_refused_with_its_name(name: str, spec: dict, field: str) -> None:
@@ -110,6 +124,31 @@ def test_a_bad_field_is_refused_with_its_name(name: str, spec: dict, field: str)
 def test_the_spec_round_trips_through_the_wire_form() -> None:
     spec = group_spec("rl-a", {"policy": "fair", "jobs": [{"name": "a", "weight": 3}]})
     assert group_spec_from_proto(group_spec_to_proto(spec)) == spec
+
+
+def test_a_kind_error_names_the_field_and_the_choices() -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        group_spec("rl-a", {"phases": {"rollout": {"kind": "gen"}}})
+    assert str(raised.value) == "spec.phases.rollout.kind: must be one of rollout, train, sync"
+
+
+def test_phase_kinds_and_rl_policies_round_trip_through_the_wire_form() -> None:
+    spec = group_spec(
+        "rl-a",
+        {
+            "policy": "stage",
+            "stageAgingSeconds": 60,
+            "earlyYield": False,
+            "phases": {
+                "rollout": {"kind": "rollout", "expectedSeconds": 30},
+                "t": {"kind": "train"},
+            },
+        },
+    )
+    assert group_spec_from_proto(group_spec_to_proto(spec)) == spec
+    lrs = group_spec("rl-a", {"policy": "lrs"})
+    assert group_spec_from_proto(group_spec_to_proto(lrs)) == lrs
+    assert lrs.early_yield is True
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,13 @@ def test_the_example_group_validates_and_converts() -> None:
         ({"jobs": [{"name": "a", "wieght": 2}]}, "wieght"),
         ({"nodeSelector": {"matchLabels": {"a": 1}}}, "1"),
         ({"nodeSelector": {"gpu": "h200"}}, "gpu"),
+        ({"policy": "lru"}, "lru"),
+        ({"phases": {"rollout": {"kind": "generate"}}}, "generate"),
+        ({"phases": {"rollout": {"expectedSeconds": 5}}}, "kind"),
+        ({"phases": {"rollout": {"kind": "rollout", "expectedSeconds": 1.5}}}, "1.5"),
+        ({"phases": {"rollout": {"kind": "rollout", "expected": 5}}}, "expected"),
+        ({"stageAgingSeconds": 0}, "0"),
+        ({"earlyYield": "yes"}, "yes"),
     ],
 )
 def test_a_bad_group_spec_is_refused_by_the_schema(change: dict[str, Any], where: str) -> None:
@@ -132,6 +139,30 @@ def test_a_bad_group_spec_is_refused_by_the_schema(change: dict[str, Any], where
     with pytest.raises(jsonschema.ValidationError) as raised:
         VALIDATOR.validate(group)
     assert where in str(raised.value.message) + str(list(raised.value.path))
+
+
+def test_a_group_with_phase_kinds_and_an_rl_policy_validates_and_converts() -> None:
+    group = example("group.yaml")
+    group["spec"].update(
+        policy="stage",
+        stageAgingSeconds=120,
+        earlyYield=False,
+        phases={
+            "rollout": {"kind": "rollout", "expectedSeconds": 90},
+            "train": {"kind": "train"},
+            "sync": {"kind": "sync", "expectedSeconds": 2},
+        },
+    )
+    VALIDATOR.validate(group)
+    spec = group_spec(group["metadata"]["name"], group["spec"])
+    assert spec.policy.value == "stage"
+    assert (spec.stage_aging_seconds, spec.early_yield) == (120.0, False)
+    assert {name: p.kind.value for name, p in spec.phases.items()} == {
+        "rollout": "rollout",
+        "train": "train",
+        "sync": "sync",
+    }
+    assert spec.phases["rollout"].expected_seconds == 90.0
 
 
 @pytest.mark.parametrize("name", ["trainer-job.yaml", "sampler-deployment.yaml"])
