@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from rlslice._ids import validate_id
@@ -242,9 +242,21 @@ class TLSConfig(BaseModel):
 
 def load_group_config(path: Path) -> tuple[GroupSpec, ...]:
     """Group specs from a YAML file: a list of `GroupSpec` mappings, or `{groups: [...]}`
-    (`rlslice scheduler --group-config`, `rlslice up --group-config`). Needs pyyaml."""
+    (`rlslice scheduler --group-config`, `rlslice up --group-config`). Needs pyyaml.
+
+    A bad spec raises ValueError naming the file and the field, in one line
+    (`groups.yaml: groups[0].phases.rollout.kind: must be one of rollout, train, sync`)."""
     import yaml
 
     data = yaml.safe_load(path.read_text()) or []
     items = data.get("groups", []) if isinstance(data, dict) else data
-    return tuple(GroupSpec.model_validate(item) for item in items)
+    specs = []
+    for index, item in enumerate(items):
+        try:
+            specs.append(GroupSpec.model_validate(item))
+        except ValidationError as error:  # one line naming the field, as PutGroup's
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise ValueError(f"{path}: groups[{index}].{where}: {message}") from None
+    return tuple(specs)
