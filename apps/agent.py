@@ -60,6 +60,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("sim-overhead-seconds", help="sim: fixed cost per move (default 0)")
     add("sim-root", help="sim: shared-memory folder (default /dev/shm/rlslice-sim)")
     add("host-reserve", help="host memory kept free when parking (default 1GiB)")
+    add(
+        "host-budget",
+        help="most parked state kept in host memory (sim); over it, other parked parts "
+        "spill to --spill-dir, least recently parked first (default: no budget)",
+    )
+    add("spill-dir", help="disk tier: local directory parked parts spill to (default: none)")
     add("scheduler", help="scheduler address to register with (host:port)")
     # The token comes from a file or RLSLICE_AGENT_TOKEN, never from a flag: a command
     # line is visible to every user of the host.
@@ -128,6 +134,7 @@ def _plain_fields(args: argparse.Namespace) -> dict[str, Any]:
         "state_dir": "state_dir",
         "backend": "backend",
         "scheduler": "scheduler",
+        "spill_dir": "spill_dir",
     }
     for flag, field in simple.items():
         value = getattr(args, flag)
@@ -144,6 +151,8 @@ def _plain_fields(args: argparse.Namespace) -> dict[str, Any]:
         fields["socket_mode"] = int(args.socket_mode, 8)
     if args.host_reserve:
         fields["host_reserve_bytes"] = parse_size(args.host_reserve)
+    if args.host_budget:
+        fields["host_budget_bytes"] = parse_size(args.host_budget)
     if args.metrics_port:
         fields["metrics_port"] = int(args.metrics_port)
     return fields

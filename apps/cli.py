@@ -59,7 +59,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "bench": Command(
         "rlslice.apps.bench",
-        "benchmarks: handoff, switch, swap, scale, soak, advise",
+        "benchmarks: handoff, switch, swap, scale, spill, soak, advise",
         ("scheduler", "agent", "planner"),
     ),
     "operator": Command(

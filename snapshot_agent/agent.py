@@ -28,6 +28,7 @@ from rlslice.snapshot_agent.peercred import PeerCredRelay, private_folder
 from rlslice.snapshot_agent.scheduler_link import SchedulerLink
 from rlslice.snapshot_agent.service import METHOD_ROLES, AgentServicer
 from rlslice.snapshot_agent.settings import AgentSettings
+from rlslice.snapshot_agent.tiering import Tiering
 from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,12 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
         backend_options=settings.options_for,
         host_reserve_bytes=settings.host_reserve_bytes,
         metrics=metrics,
+        tiering=Tiering(
+            node=settings.node,
+            spill_dir=settings.spill_dir,
+            budget=settings.host_budget_bytes,
+            metrics=metrics,
+        ),
     )
     await engine.start()
     grpc_server, local_server, relay = await _serve(settings, engine, token)

@@ -58,6 +58,7 @@ from rlslice.snapshot_agent.moves import Half, MoveReply, SwitchFailure, SwitchH
 from rlslice.snapshot_agent.processes import ExitWatcher, ProcessRef, alive, families, family
 from rlslice.snapshot_agent.registry import BackendRegistry
 from rlslice.snapshot_agent.state import JobState, Move
+from rlslice.snapshot_agent.tiering import TieredBackend, Tiering
 
 __all__ = [
     "MAX_EPOCH",
@@ -126,8 +127,11 @@ class AgentEngine:
         metrics: AgentMetrics,
         backends: Mapping[str, BackendEntry] | None = None,
         host_memory: Callable[[], int] = host_available,
+        tiering: Tiering | None = None,
     ) -> None:
         self.node = node
+        self.tiering = tiering or Tiering(node=node, spill_dir=None, budget=None)
+        """The host budget and the disk tier below it (inert without a budget)."""
         self.default_backend = default_backend
         self._state_dir = state_dir
         self._reserve = host_reserve_bytes
@@ -139,6 +143,7 @@ class AgentEngine:
             default=default_backend,
             options=backend_options,
             entries=backends,
+            wrap=self.tiering.wrap,
         )
         """Which backend serves a job, and the backends, created on first use."""
         self.table = JobTable(state_dir)
@@ -154,6 +159,7 @@ class AgentEngine:
         """Create the default backend and re-read every job's state (after a restart)."""
         self._state_dir.mkdir(parents=True, exist_ok=True)
         await self.backend(self.default_backend)
+        await asyncio.to_thread(self.tiering.recover)
         self.table.load()
         with self.table.change():  # the recovery, one unit (nothing else runs yet)
             for entry in list(self.table.entries.values()):
@@ -624,9 +630,14 @@ class AgentEngine:
     ) -> tuple[bool, SwitchFailure | None]:
         """Run the admitted halves: two units of the table, as for one move (`_execute`).
         (overlapped, the failure if any)."""
-        for half in running:  # every refusal before anything moves
-            if half.move is Move.SNAPSHOT:
-                await self._guard(half.handle, half.backend)
+        try:
+            for half in running:  # every refusal before anything moves
+                if half.move is Move.SNAPSHOT:
+                    await self._guard(half.handle, half.backend)
+        except Exception:
+            for half in running:
+                self.tiering.settled(half.handle.job)
+            raise
         with self.table.change():
             for half in running:
                 half.entry.record = state.begin(half.before, half.move, epoch, half.name)
@@ -642,6 +653,8 @@ class AgentEngine:
         await moves.guard(
             handle, backend, host_available=self._host_memory(), reserve=self._reserve
         )
+        if isinstance(backend, TieredBackend):  # the host budget: spill others to fit
+            await self.tiering.make_room(handle.job, await backend.device_bytes(handle))
 
     async def _observe(self, move: Move, backend: str, nbytes: int, seconds: float) -> None:
         self._count(move, backend, nbytes, seconds)
@@ -759,6 +772,7 @@ class AgentEngine:
             log.debug("device usage unavailable: %s", error)
             devices = []
         self.metrics.observe_memory(devices, self._host_memory())
+        self.tiering.observe()
         self.metrics.pinned_bytes.set(
             sum(b.pinned_total() for b in self.backends.instances() if hasattr(b, "pinned_total"))
         )

@@ -19,6 +19,7 @@ class AgentMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._moves()
         self._memory()
+        self._tiers()
         self.jobs = Gauge(
             "rlslice_agent_jobs", "Jobs on this node by state.", ["state"], registry=self.registry
         )
@@ -85,6 +86,37 @@ class AgentMetrics:
             "what the app workloads hold (parked copies and the staging they keep).",
             registry=self.registry,
         )
+
+    def _tiers(self) -> None:
+        """The disk tier below host memory: parked bytes per tier, spill and fill costs."""
+        self.tier_bytes = Gauge(
+            "rlslice_agent_tier_bytes",
+            "Parked bytes per tier: dram (host memory) or disk (the spill directory).",
+            ["tier"],
+            registry=self.registry,
+        )
+        self.spill_seconds = Histogram(
+            "rlslice_agent_spill_seconds",
+            "Seconds one parked part took to spill from host memory to disk.",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.fill_seconds = Histogram(
+            "rlslice_agent_fill_seconds",
+            "Seconds one spilled part took to read back (verified) into host memory.",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.tier_moved_bytes = Counter(
+            "rlslice_agent_tier_moved_bytes",
+            "Bytes moved between host memory and disk: spill (to disk), fill (back).",
+            ["direction"],
+            registry=self.registry,
+        )
+        for tier in ("dram", "disk"):
+            self.tier_bytes.labels(tier=tier)
+        for direction in ("spill", "fill"):
+            self.tier_moved_bytes.labels(direction=direction)
 
     def observe_jobs(self, states: Iterable[JobState], parked_bytes: int) -> None:
         """Refresh the jobs-by-state and parked-bytes gauges."""

@@ -31,8 +31,10 @@ class BackendRegistry:
         default: str,
         options: Callable[[str], Mapping[str, str]],
         entries: Mapping[str, BackendEntry] | None = None,
+        wrap: Callable[[Backend], Backend] | None = None,
     ) -> None:
         self.node = node
+        self._wrap = wrap  # puts a backend behind the disk tier (`tiering.Tiering.wrap`)
         self.default = default
         self._state_dir = state_dir
         self._options = options
@@ -119,7 +121,7 @@ class BackendRegistry:
             probe = ProbeResult(False, f"failed to start: {type(error).__name__}: {error}")
         else:
             if probe.usable:
-                self._backends[name] = instance
+                self._backends[name] = instance if self._wrap is None else self._wrap(instance)
         self._probes[name] = probe
         return probe
 

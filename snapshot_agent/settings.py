@@ -102,6 +102,14 @@ class AgentSettings(BaseModel):
     built from `sim` and overrides nothing here)."""
     host_reserve_bytes: Annotated[int, Field(ge=0)] = 1 * GiB
     """Host memory kept free: a snapshot that would leave less is refused."""
+    host_budget_bytes: Annotated[int, Field(gt=0)] | None = None
+    """Most bytes of parked state kept in host memory (the `sim` backend's parked copies);
+    a park that would exceed it first spills other parked parts to `spill_dir`, least
+    recently parked first. None: no budget (only the reserve above limits parking)."""
+    spill_dir: Path | None = None
+    """The disk tier: a local directory (NVMe, a hostPath on Kubernetes) that parked parts
+    spill to when the host budget is short; they survive an agent restart. None: no disk
+    tier (a park over the budget is refused)."""
     scheduler: str | None = None
     """Scheduler address (`host:port`) to register with; None for none."""
     scheduler_tls: TLSConfig | None = None

@@ -6,9 +6,11 @@ CRC-32); `read_part` copies it back, verifying length and checksum before the ta
 file appears, so a torn or damaged spill file is a `SpillFileError` naming the file, never
 silently wrong bytes.
 
-The copies are pipelined through a bounded queue of page-aligned buffers (mmap-allocated,
-as O_DIRECT needs): one thread reads and checksums, the caller's thread writes, so at most
-`depth` chunks are in memory at once, whatever the size of the part. Spill files are
+The copies are pipelined through a bounded set of page-aligned buffers (mmap-allocated, as
+O_DIRECT needs), so at most `depth` chunks are in memory at once, whatever the size of
+the part: a spill reads and checksums in one thread while the caller's thread writes; a
+fill keeps `depth` reads in flight (O_DIRECT gets no kernel read-ahead) and checksums and
+writes them in order. Spill files are
 opened with O_DIRECT where the filesystem allows (local disks: no page cache filled with
 bytes that are about to be read once, if ever), buffered I/O where it does not (tmpfs
 answers EINVAL), then their cached pages are dropped with posix_fadvise. A full disk
@@ -18,6 +20,8 @@ the source is never touched.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
 import errno
 import mmap
@@ -47,8 +51,9 @@ ALIGN = 4096
 """Alignment of O_DIRECT buffers, offsets and lengths (a page; covers 512-byte sectors)."""
 CHUNK_BYTES = 8 << 20
 """Bytes per read and write."""
-DEPTH = 3
-"""Chunks in flight between the reading and the writing thread."""
+DEPTH = 4
+"""Chunks in flight: between the reading and the writing thread of a spill, and reads
+issued at once by a fill."""
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -155,6 +160,34 @@ class _Pipe:
                 thread.join(0.05)
 
 
+def _read_ahead(fd: int, chunk: int, depth: int) -> Iterator[tuple[mmap.mmap, int]]:
+    """The file's chunks in order, `depth` reads in flight at once (O_DIRECT reads get no
+    kernel read-ahead: the device sees as many requests as there are threads here)."""
+    buffers = _buffers(depth, chunk)
+    with concurrent.futures.ThreadPoolExecutor(depth, thread_name_prefix="fill") as pool:
+        flight: collections.deque[tuple[mmap.mmap, concurrent.futures.Future[int]]]
+        flight = collections.deque()
+        offset = 0
+        for buffer in buffers:
+            flight.append((buffer, pool.submit(os.preadv, fd, [buffer], offset)))
+            offset += chunk
+        try:
+            while flight:
+                buffer, future = flight.popleft()
+                count = future.result()
+                if count == 0:
+                    return
+                yield buffer, count
+                if count < chunk:
+                    return
+                flight.append((buffer, pool.submit(os.preadv, fd, [buffer], offset)))
+                offset += chunk
+        finally:
+            for _, future in flight:
+                future.cancel()
+            concurrent.futures.wait([f for _, f in flight])
+
+
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         done = os.write(fd, view)
@@ -221,14 +254,15 @@ def read_part(
         raise SpillFileError(f"spill file {path}: {error.strerror or error}") from error
     temp = target.with_name(f".{target.name}.fill")
     out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    pipe = _Pipe(chunk, depth)
-    length = 0
+    length = crc = 0
     try:
-        for buffer, count in pipe.chunks(lambda b: os.readv(fd, [b])):
+        for buffer, count in _read_ahead(fd, chunk, depth):
             length += count
             if length > record.length:
                 break
-            _write_all(out, memoryview(buffer)[:count])
+            view = memoryview(buffer)[:count]
+            crc = zlib.crc32(view, crc)
+            _write_all(out, view)
         _drop_cache(fd)
     except OSError as error:
         os.close(out)
@@ -237,7 +271,7 @@ def read_part(
     finally:
         os.close(fd)
     os.close(out)
-    why = _mismatch(record, length, pipe.crc)
+    why = _mismatch(record, length, crc)
     if why is not None:
         temp.unlink(missing_ok=True)
         raise SpillFileError(f"spill file {path} is {why}")

@@ -25,6 +25,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "rlslice.apps.bench.scale",
         "acquire overhead and scheduler CPU/RSS at 10 vs 1,000 groups",
     ),
+    "spill": (
+        "rlslice.apps.bench.spill",
+        "disk tier: agent spill/fill GB/s vs a plain copy; --oversubscribe 4 jobs over 3x budget",
+    ),
     "soak": ("rlslice.apps.bench.soak", "random phases, kills and restarts; checks the invariants"),
     "advise": (
         "rlslice.apps.bench.advise",

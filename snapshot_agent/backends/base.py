@@ -180,6 +180,27 @@ class SupportsSwap(Protocol):
 
 
 @runtime_checkable
+class SupportsSpill(Protocol):
+    """A backend whose parked copies are files in host memory, one per part, that the agent
+    may move to its disk tier while the job is parked (`rlslice.snapshot_agent.tiering`).
+    The agent puts every part back, byte-identical, before it calls `restore` (or `swap`
+    with the job incoming); `release` needs no part back."""
+
+    def parked_jobs(self) -> Sequence[str]:
+        """The jobs with a committed parked copy on this node."""
+        ...
+
+    def parked_parts(self, job: str) -> Sequence[Path]:
+        """Where each part of the job's committed parked copy lives in host memory (empty
+        when it has none); a part the agent moved away is listed all the same."""
+        ...
+
+    def parked_since(self, job: str) -> float:
+        """When the job's parked copy was committed (`time.time()` clock; 0 if unknown)."""
+        ...
+
+
+@runtime_checkable
 class Backend(Protocol):
     """Moves device state for verified jobs. Implementations: sim, cuda, cuda-checkpoint, app."""
 

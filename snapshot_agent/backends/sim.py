@@ -256,6 +256,30 @@ class SimBackend:
             return None
         return data if isinstance(data, dict) else None
 
+    # -- the disk tier (SupportsSpill) -------------------------------------------------
+
+    def parked_jobs(self) -> Sequence[str]:
+        folder = self.node_dir / _simfs.PARKED_DIR
+        try:
+            names = [e.name for e in os.scandir(folder) if e.is_dir() and e.name[0] != "."]
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if (folder / n / _simfs.MANIFEST).exists())
+
+    def parked_parts(self, job: str) -> Sequence[Path]:
+        manifest = self._manifest(job)
+        entries = manifest.get("buffers") if manifest is not None else None
+        if not isinstance(entries, list):
+            return []
+        park = _simfs.parked_dir(self.node_dir, job)
+        return [park / (str(entry["name"]) + ".bin") for entry in entries if entry.get("size")]
+
+    def parked_since(self, job: str) -> float:
+        try:
+            return (_simfs.parked_dir(self.node_dir, job) / _simfs.MANIFEST).stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
     async def state(self, job: JobHandle) -> BackendState:
         if self._manifest(job.job) is not None:
             # Parked: device memory a restore had grown before it was cut off goes back
