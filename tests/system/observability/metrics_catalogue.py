@@ -38,6 +38,11 @@ AGENT: dict[str, tuple[str, frozenset[str]]] = {
     "rlslice_agent_pinned_bytes": ("gauge", frozenset()),
     # Always 1; joins a node name onto the agent's other series (`* on (instance) group_left (node)`).
     "rlslice_agent_info": ("gauge", frozenset({"node"})),
+    # The disk tier below host memory (snapshot_agent/tiering.py).
+    "rlslice_agent_tier_bytes": ("gauge", frozenset({"tier"})),
+    "rlslice_agent_spill_seconds": ("histogram", frozenset()),
+    "rlslice_agent_fill_seconds": ("histogram", frozenset()),
+    "rlslice_agent_tier_moved_bytes_total": ("counter", frozenset({"direction"})),
 }
 
 METRICS: dict[str, tuple[str, frozenset[str]]] = {**SCHEDULER, **AGENT}
@@ -60,9 +65,14 @@ def base_name(series: str) -> str | None:
 
 
 def labels_of(series: str) -> frozenset[str]:
-    """Labels a series may carry: its own, the target's, and `le` for histogram buckets."""
+    """Labels a series may carry: its own, the target's, and `le` for histogram buckets.
+
+    An own label named like a target label (the holder's `job`) is stored by Prometheus as
+    `exported_<name>` (honor_labels false, the ServiceMonitor's default); both are listed.
+    """
     name = base_name(series)
     if name is None:
         return frozenset()
-    own = METRICS[name][1] | TARGET_LABELS
+    clashes = METRICS[name][1] & TARGET_LABELS
+    own = METRICS[name][1] | TARGET_LABELS | {f"exported_{label}" for label in clashes}
     return own | {"le"} if series.endswith("_bucket") else own
