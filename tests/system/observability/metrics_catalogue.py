@@ -65,9 +65,14 @@ def base_name(series: str) -> str | None:
 
 
 def labels_of(series: str) -> frozenset[str]:
-    """Labels a series may carry: its own, the target's, and `le` for histogram buckets."""
+    """Labels a series may carry: its own, the target's, and `le` for histogram buckets.
+
+    An own label named like a target label (the holder's `job`) is stored by Prometheus as
+    `exported_<name>` (honor_labels false, the ServiceMonitor's default); both are listed.
+    """
     name = base_name(series)
     if name is None:
         return frozenset()
-    own = METRICS[name][1] | TARGET_LABELS
+    clashes = METRICS[name][1] & TARGET_LABELS
+    own = METRICS[name][1] | TARGET_LABELS | {f"exported_{label}" for label in clashes}
     return own | {"le"} if series.endswith("_bucket") else own
