@@ -35,6 +35,13 @@ call of a parked process until its next grant.
 once, so a waiting job takes its turn between steps and this job never runs GPU code
 without the group. With nobody waiting the offer costs two calls and moves nothing.
 
+`offer="asked"` (with `hold="train"`) offers the group only when the scheduler asks for it
+(`phase.should_yield()`): a job whose phase the group declares `rollout` keeps the group
+across steps and ends its rollout early at the next step boundary once a `train` phase of
+another job waits (early yield, docs/scheduler.md), or once it held past the group's
+`max_hold_seconds`. A step is never cut: the trainer's steps are its safe points.
+`early_yields` counts those offers.
+
 The end of training: with a client the callback built, `on_train_end` leaves the group
 for good while it still holds it (the client unregisters: the lock is released and nothing
 is snapshotted), so a waiting job's switch never parks this job's state on its way out.
@@ -67,6 +74,7 @@ __all__ = ["GpuPhaseCallback"]
 log = logging.getLogger("rlslice.integrations.trl")
 
 Hold = Literal["step", "train"]
+Offer = Literal["step", "asked"]
 
 
 class GpuPhaseCallback:
@@ -76,7 +84,9 @@ class GpuPhaseCallback:
     `RLSLICE_*` environment, and closed at `on_train_end` / `close()`). `phase` names the
     hold in the scheduler's timeline; `group` overrides the client's default group.
     `offload`: True (or a `TorchOffloader`) registers the trainer's model and optimizer and
-    runs the `app` backend's offload loop for them (see the module doc).
+    runs the `app` backend's offload loop for them (see the module doc). `offer`, with
+    `hold="train"`: "step" offers the group at every step end, "asked" only when the
+    scheduler asks (early yield of a rollout; see the module doc).
     """
 
     def __init__(
@@ -87,12 +97,18 @@ class GpuPhaseCallback:
         group: str | None = None,
         hold: Hold = "step",
         offload: bool | TorchOffloader = False,
+        offer: Offer = "step",
     ) -> None:
         self.phase_name = validate_phase(phase)
         self.group = None if group is None else validate_id(group, "group")
         if hold not in ("step", "train"):
             raise InvalidArgumentError(f"hold: {hold!r} is not 'step' or 'train'")
+        if offer not in ("step", "asked"):
+            raise InvalidArgumentError(f"offer: {offer!r} is not 'step' or 'asked'")
         self.hold: Hold = hold
+        self.offer: Offer = offer
+        self.early_yields = 0
+        """How many step ends gave the group up because the scheduler asked (offer="asked")."""
         self._client: Client | None = client if isinstance(client, Client) else None
         self._factory: Callable[[], Client] | None = None if isinstance(client, Client) else client
         self._owned = False
@@ -118,6 +134,11 @@ class GpuPhaseCallback:
     def held(self) -> bool:
         """Whether the callback holds the group now."""
         return self._phase is not None
+
+    def should_yield(self) -> bool:
+        """Whether the scheduler asks the job to give the group up (as of the last
+        KeepAlive): a rollout while a train waits, or a hold past max_hold_seconds."""
+        return self._phase is not None and bool(self._phase.should_yield())
 
     def client(self) -> Client:
         """The client the callback uses (built on first call when none was given)."""
@@ -193,7 +214,11 @@ class GpuPhaseCallback:
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Give the group back, unless device work follows at once (see the module doc)."""
         if self.hold == "train":
-            self._offer()
+            if self.offer == "step":
+                self._offer()
+            elif self.should_yield():
+                self.early_yields += 1
+                self._offer()
         elif _device_work_follows(control, args):
             self._deferred = True
         else:
@@ -232,7 +257,7 @@ class GpuPhaseCallback:
     def __repr__(self) -> str:
         return (
             f"<GpuPhaseCallback phase={self.phase_name!r} group={self.group!r} "
-            f"hold={self.hold!r} held={self.held}>"
+            f"hold={self.hold!r} offer={self.offer!r} held={self.held}>"
         )
 
     # -- helpers ------------------------------------------------------------------------
