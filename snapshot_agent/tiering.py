@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -72,6 +72,7 @@ class Tiering:
         self._backend: SupportsSpill | None = None
         self._index: dict[str, dict[str, spill.SpillRecord]] = {}
         self._reserved: dict[str, int] = {}
+        self._busy: dict[str, int] = {}  # jobs whose parked copy a move is reading now
         self._lock = asyncio.Lock()
 
     @property
@@ -190,8 +191,23 @@ class Tiering:
         """The park of `job` ended (done or not): its reservation is over."""
         self._reserved.pop(job, None)
 
+    @contextlib.contextmanager
+    def busy(self, jobs: Sequence[str]) -> Iterator[None]:
+        """While the block runs, no part of `jobs` is chosen to spill (a restore or swap
+        reads their parked copies)."""
+        for job in jobs:
+            self._busy[job] = self._busy.get(job, 0) + 1
+        try:
+            yield
+        finally:
+            for job in jobs:
+                self._busy[job] -= 1
+                if not self._busy[job]:
+                    del self._busy[job]
+
     async def _make_room(self, job: str, nbytes: int, keep: frozenset[str]) -> None:
         assert self.budget is not None
+        keep = keep | frozenset(self._busy)
         pending = sum(n for j, n in self._reserved.items() if j != job)
         parts = await asyncio.to_thread(self.host_parts)
         plan = spill_choice.choose(
@@ -302,8 +318,9 @@ class TieredBackend:
             self.tiering.settled(job.job)
 
     async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
-        await self.tiering.fill(job.job)
-        return await self.inner.restore(job, deadline=deadline)
+        with self.tiering.busy([job.job]):
+            await self.tiering.fill(job.job)
+            return await self.inner.restore(job, deadline=deadline)
 
     async def release(self, job: JobHandle) -> int:
         freed = await self.inner.release(job)
@@ -322,6 +339,20 @@ class TieredBackend:
         may be spilled): then the halves run one after the other, all or nothing."""
         assert isinstance(self.inner, SupportsSwap)
         leaving = frozenset(j.job for j in outgoing)
+        with contextlib.ExitStack() as stack:
+            if incoming is not None:
+                stack.enter_context(self.tiering.busy([incoming.job]))
+            return await self._swap(outgoing, incoming, leaving, headroom_bytes, deadline)
+
+    async def _swap(
+        self,
+        outgoing: Sequence[JobHandle],
+        incoming: JobHandle | None,
+        leaving: frozenset[str],
+        headroom_bytes: int,
+        deadline: float,
+    ) -> SwapOutcome:
+        assert isinstance(self.inner, SupportsSwap)
         try:
             if incoming is None or not self.tiering.spilled(incoming.job):
                 return await self.inner.swap(
