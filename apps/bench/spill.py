@@ -9,8 +9,8 @@
    are dropped (posix_fadvise DONTNEED, and /proc/sys/vm/drop_caches when writable).
    The runs alternate, `--repeats` of each; medians. Target: write and read each >= 0.8 x
    the plain copy (`write_ratio`, `read_ratio`).
-2. `--oversubscribe`: 4 real jobs on one node (`sim` backend, an agent in this process)
-   whose state totals 3x the agent's host budget take turns (one Switch per turn), each
+2. `--oversubscribe`: 4 real jobs on one node (`sim` backend, an agent in this process),
+   the 3 parked at any time holding 3x the agent's host budget, take turns (one Switch per turn), each
    >= `--turns` times; every turn's bytes are checked (crc32 in the job). Measured: the
    most parked bytes in host memory (sampled in a thread), this process's RSS growth
    (the agent's: its spill buffers), bytes spilled and filled. Target: parked host bytes

@@ -46,7 +46,7 @@ def test_four_oversubscribed_jobs_take_their_turns_within_the_budget(tmp_path: P
     )  # fmt: skip
     assert data["identical"] is True
     assert data["turns_per_job"] == 2
-    assert data["state_over_budget"] == 3.0
+    assert data["parked_over_budget"] == 3.0
     assert isinstance(data["parked_host_peak_bytes"], int)
     assert isinstance(data["host_budget_bytes"], int)
     assert data["parked_host_peak_bytes"] <= data["host_budget_bytes"]
