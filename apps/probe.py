@@ -2,7 +2,9 @@
 
 Each installed backend (entry-point group `rlslice.backends`) is created with a throwaway
 state folder (and, for `sim`, throwaway emulated devices) and asked `probe()`; nothing is
-moved and no agent needs to run.
+moved and no agent needs to run. The `communicators` line says what a parked job's NCCL
+communicators get here: `suspend` (NCCL >= 2.29.7 with ncclCommSuspend/ncclCommResume),
+`rebuild` (older NCCL: destroyed and rebuilt) or `none` (no libnccl: gloo).
 """
 
 from __future__ import annotations
@@ -48,18 +50,24 @@ def run(args: argparse.Namespace) -> int:
             results.append((name, result))
         return results
 
+    from rlslice.client import communicator_path
+    from rlslice.client._communicators import load_nccl
+
     with tempfile.TemporaryDirectory(prefix="rlslice-probe-") as folder:
         results = asyncio.run(probe_all(Path(folder)))
+    # What a parked job's NCCL communicators get on this node (suspend, rebuild, none).
+    comms = communicator_path(load_nccl())
     if args.json:
-        print(
-            json.dumps(
-                {name: {"usable": r.usable, "detail": r.detail} for name, r in results},
-                sort_keys=True,
-            )
-        )
+        report: dict[str, dict[str, object]] = {
+            name: {"usable": r.usable, "detail": r.detail} for name, r in results
+        }
+        report["communicators"] = {"usable": True, "path": comms.kind, "detail": comms.detail}
+        print(json.dumps(report, sort_keys=True))
     else:
         width = max((len(name) for name, _ in results), default=7)
+        width = max(width, len("communicators"))
         for name, result in results:
             mark = "usable" if result.usable else "no"
             print(f"{name:<{width}}  {mark:<6}  {result.detail}")
+        print(f"{'communicators':<{width}}  {comms.kind:<6}  {comms.detail}")
     return 0 if any(r.usable for _, r in results) else 1

@@ -98,9 +98,25 @@ def _loaded_nccl() -> str | None:
     return None
 
 
+def _wheel_nccl() -> str | None:
+    """libnccl of the `nvidia-nccl` wheel torch installs with it, if present."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for folder in spec.submodule_search_locations or () if spec is not None else ():
+        found = sorted(Path(folder, "lib").glob("libnccl.so*"))
+        if found:
+            return str(found[0])
+    return None
+
+
 def load_nccl() -> Any | None:
-    """libnccl through ctypes: the one this process loaded, else the system's; None if none."""
-    path = _loaded_nccl() or ctypes.util.find_library("nccl")
+    """libnccl through ctypes: the one this process loaded, else torch's wheel's, else the
+    system's; None if none."""
+    path = _loaded_nccl() or _wheel_nccl() or ctypes.util.find_library("nccl")
     if path is None:
         return None
     try:

@@ -24,6 +24,10 @@
 #      >= 5x); driver 580 lacks it, and the report says so  -> $OUT/bench_cuda.json
 #   5. examples/grpo_tiny/compare.py --device cuda --backend app
 #      (two GRPO jobs alone vs time-sliced, bit-identical)  -> $OUT/grpo_app.json
+#   6. examples/ddp_tiny/nccl_check.py: the NCCL communicators' path of a parked job
+#      (suspend with NCCL >= 2.29.7, else rebuild; read through ctypes from the libnccl
+#      torch loaded, beside torch's own version), and the rebuild path run for real on a
+#      one-rank NCCL group (destroyed, rebuilt, all_reduce agrees)  -> $OUT/nccl.json
 # The transparent PyTorch path (MemorySaverOffloader over torch-memory-saver) runs in step 2
 # when torch-memory-saver is installed on the node (the device has no network: install it
 # beforehand); its comparison with the registered path at 20 GiB is not scripted yet.
@@ -46,10 +50,11 @@ KILL=5
 T_VERSIONS=75   # nvidia-smi 10 + python 25 + cuda-checkpoint 10 + probe 30
 T_PIP=15
 T_PYTEST=80
-T_BENCH_APP=120
-T_BENCH_CUDA=100
+T_BENCH_APP=100  # 120 until the NCCL step came; no run has needed more than 100 yet
+T_BENCH_CUDA=90  # 100 likewise
 T_GRPO=60
-WORST=$((T_VERSIONS + T_PIP + T_PYTEST + T_BENCH_APP + T_BENCH_CUDA + T_GRPO + 4 * KILL))
+T_NCCL=30       # one torch + CUDA + NCCL start, a group destroyed and rebuilt
+WORST=$((T_VERSIONS + T_PIP + T_PYTEST + T_BENCH_APP + T_BENCH_CUDA + T_GRPO + T_NCCL + 5 * KILL))
 if [ "$WORST" -ge 480 ]; then
   echo "gpu_check: the steps' timeouts add up to ${WORST}s, not under 8 minutes" >&2
   exit 2
@@ -152,6 +157,8 @@ step bench_cuda "$T_BENCH_CUDA" "$PY" -m rlslice.apps.cli bench swap --backend c
 
 step grpo_app "$T_GRPO" "$PY" examples/grpo_tiny/compare.py --device cuda --backend app \
   --steps 10 --json "$OUT/grpo_app.json" 2>&1 | tail -8
+
+step nccl "$T_NCCL" "$PY" examples/ddp_tiny/nccl_check.py --json "$OUT/nccl.json" 2>&1 | tail -12
 
 echo "total seconds=$SECONDS" >> "$OUT/summary.txt"
 echo "=== summary ($OUT)"
