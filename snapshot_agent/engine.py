@@ -751,6 +751,7 @@ class AgentEngine:
             if record.state_on_device and loaded is not None:
                 device = await loaded.device_bytes(self._handle(entry, pids))
             host = record.parked_bytes if record.state_in_host else 0
+            host = max(0, host - self.tiering.disk_bytes(record.job))  # on disk: not host
             views.append(JobView(record, pids, device, host, name))
         devices = tuple(await default.devices())
         usable = tuple(name for name, probe in await self.probe() if probe.usable)
@@ -761,6 +762,7 @@ class AgentEngine:
     def _refresh_jobs(self) -> None:
         records = [e.record for e in self.table.entries.values()]
         parked = sum(r.parked_bytes for r in records if r.state_in_host)
+        parked = max(0, parked - self.tiering.disk_bytes())  # the disk tier's are not host
         self.metrics.observe_jobs((r.state for r in records), parked)
 
     async def refresh_metrics(self) -> None:

@@ -164,11 +164,14 @@ class Tiering:
                     )
         return found
 
+    def disk_bytes(self, job: str | None = None) -> int:
+        """Parked bytes of `job` (of every job: None) in the spill directory."""
+        jobs = self._index.values() if job is None else [self._index.get(job, {})]
+        return sum(r.length for records in jobs for r in records.values())
+
     def tier_bytes(self) -> dict[str, int]:
         """Parked bytes per tier: {"dram": .., "disk": ..}."""
-        dram = sum(p.nbytes for p in self.host_parts())
-        disk = sum(r.length for records in self._index.values() for r in records.values())
-        return {"dram": dram, "disk": disk}
+        return {"dram": sum(p.nbytes for p in self.host_parts()), "disk": self.disk_bytes()}
 
     def observe(self) -> None:
         """Refresh the per-tier gauges."""

@@ -7,6 +7,7 @@ Case matrix:
 |---|---|
 | oversubscribed: 4 jobs, the 3 parked ones holding 3x the host budget, round robin, 5 turns each | every turn's bytes identical (sha256 in the job); parked bytes in host memory never above the budget (sampled while the switches run); the disk tier used; tier gauges add up |
 | an agent restart with a part on disk | the new agent finds it (tier index) and restores it identical |
+| a restart after a spill cut off half-way | the whole host copy wins over its indexed spill file; an unindexed file goes; Status counts disk bytes out of host bytes |
 | a torn spill file | the restore fails, FAULTED with a reason naming the file; never wrong bytes |
 | a full spill disk (a tmpfs mounted for the test, root) | the park is refused RESOURCE_EXHAUSTED naming the directory; that job keeps running, the job already parked restores identical |
 | a budget without a spill directory | a park over the budget is refused, naming the budget |
@@ -15,6 +16,7 @@ Case matrix:
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -187,6 +189,42 @@ async def test_spilled_bytes_survive_an_agent_restart(
         await stub.Restore(apb.RestoreRequest(job="job-b", group="g1", epoch=10))
         assert (await jobs["job-b"].ask("hash"))["hash"] == jobs["job-b"].info["hash"]
         assert spill_files(tiered, "job-b") == []
+    finally:
+        await channel.close(None)
+        await again.stop(0)
+
+
+async def test_a_restart_settles_a_spill_cut_off_half_way(
+    tiered: AgentSettings, spawn_job: Callable[..., Any]
+) -> None:
+    agent = await start_agent(tiered)
+    channel, stub = await open_stub(agent)
+    try:
+        jobs = await park_three(stub, spawn_job, agent)
+    finally:
+        await channel.close(None)
+        await agent.stop(0)
+    # As if the agent stopped after job-b's spill was indexed but before its host copy went,
+    # and while a spill of job-c's next part had written a file it never indexed.
+    (spilled,) = spill_files(tiered, "job-b")
+    park = _simfs.parked_dir(tiered.sim.root / tiered.node, "job-b")
+    shutil.copyfile(spilled, park / spilled.name)
+    assert tiered.spill_dir is not None
+    stray = tiered.spill_dir / tiered.node / "job-c" / "cut-off.bin"
+    stray.write_bytes(b"half a part")
+    again = await start_agent(tiered)
+    channel, stub = await open_stub(again)
+    try:
+        assert not again.engine.tiering.spilled("job-b")  # the whole host copy wins
+        assert spill_files(tiered, "job-b") == []
+        assert not stray.exists()
+        assert again.engine.tiering.spilled("job-c")
+        status = await job_states(stub)
+        assert status["job-c"].host_bytes == 0  # on disk, not in host memory
+        assert status["job-d"].host_bytes == SIZE
+        for epoch, name in ((10, "job-b"), (11, "job-c")):
+            await stub.Restore(apb.RestoreRequest(job=name, group="g1", epoch=epoch))
+            assert (await jobs[name].ask("hash"))["hash"] == jobs[name].info["hash"]
     finally:
         await channel.close(None)
         await again.stop(0)
