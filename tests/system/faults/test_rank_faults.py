@@ -6,6 +6,12 @@ Cases:
   a real scheduler); rank 1 stays in its phase past the quiesce deadline. Rank 0 fails the
   phase with DeadlineExceededError naming rank 1 and gives the group back; rank 1 is told
   when it comes out (its barrier fails); another job waiting for the group is granted.
+- a rank killed mid-switch: real `rlslice scheduler` and `rlslice agent` processes, the
+  `app` backend; job ddp-a is two rank processes (`appjob.py`, `RANK` 0 and 1) registered
+  under one job, job b one process. Rank 1 is held in its OFFLOAD and killed there: the
+  waiter's acquire fails with a reason naming rank 1, rank 0's bytes are back on its device
+  unchanged, b was never commanded; once ddp-a leaves (its driver closes), b is granted
+  and its bytes are intact.
 
 torch is required: with RLSLICE_REQUIRE_TORCH=1 (CI) a missing torch fails instead of skipping.
 """
@@ -24,10 +30,13 @@ from typing import Any
 
 import pytest
 
+from rlslice import AbortedError, FailedPreconditionError
+from rlslice.apps.bench._soak_cluster import child_env
 from rlslice.client import AsyncClient
 from rlslice.testing import scheduler_for_tests
 
-from .conftest import eventually
+from .conftest import eventually, proc_state
+from .test_workload_stream_cut import APPJOB, AppJob
 
 if os.environ.get("RLSLICE_REQUIRE_TORCH") == "1":
     import torch  # noqa: F401
@@ -108,3 +117,77 @@ async def test_a_rank_that_never_quiesces_fails_its_job_by_name_and_the_group_go
 
 async def _holder_is(sched: Any, job: str) -> bool:
     return bool((await sched.group("gpus")).holder == job)
+
+
+MiB = 1 << 20
+
+
+async def start_app_rank(f: Any, job: str, rank: int | None) -> AppJob:
+    """An `appjob.py` process of `job` on n1 (with `RANK` when `rank` is given), its
+    workload stream open."""
+    env = child_env()
+    env.pop("RANK", None)
+    if rank is not None:
+        env["RANK"] = str(rank)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(APPJOB),
+        str(f.cluster.agents["n1"].socket_path),
+        job,
+        "g",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=(f.cluster.work / f"{job}-{rank}.log").open("ab"),
+        env=env,
+    )
+    running = AppJob(process)
+    assert "pid" in await asyncio.wait_for(running.answers.get(), 30)
+    await running.event("connected", timeout=30)
+    return running
+
+
+async def test_a_rank_killed_mid_switch_fails_the_switch_by_name_and_the_group_goes_on(
+    faults: Any,
+) -> None:
+    async with faults() as f:
+        await f.put_group(name="g", backend="app", headroom_bytes=1 << 50)
+        ranks = [await start_app_rank(f, "ddp-a", 0), await start_app_rank(f, "ddp-a", 1)]
+        other = await start_app_rank(f, "b", None)
+        a = AsyncClient(job="ddp-a", group="g", scheduler=f.address, lease_seconds=30)
+        b = AsyncClient(job="b", group="g", scheduler=f.address, lease_seconds=30)
+        try:
+            await a.acquire(timeout=30)  # rank 0's one acquire, for the job
+            hashes = [
+                (await r.call(op="init", size=MiB, seed=i))["hash"] for i, r in enumerate(ranks)
+            ]
+            await ranks[1].call(op="gate", closed=True)
+            waiting = asyncio.ensure_future(b.acquire(timeout=60))
+            await eventually(lambda: _queued(f, "b"), timeout=30)
+            await a.yield_()
+            await ranks[1].event("offloading", timeout=30)  # mid-switch: rank 1 is moving
+            ranks[1].process.kill()
+            with pytest.raises((AbortedError, FailedPreconditionError)) as failed:
+                await waiting
+            assert re.search(r"rank 1 \(pid \d+\)", str(failed.value)), failed.value
+            print(f"the waiter was told: {failed.value}")
+            # Rank 0 moved, then was brought back: its bytes are on its device, unchanged.
+            assert await ranks[0].digest() == (hashes[0], True)
+            assert proc_state(ranks[0].pid) not in ("T", "")
+            assert other.events.empty()  # b was never commanded
+            # The job is broken: it leaves (rank 0's driver closes), and the group goes on.
+            await a.close()
+            grant = await b.acquire(timeout=60)
+            assert grant.epoch > 0
+            assert (await f.group()).holder == "b"
+            digest = (await other.call(op="init", size=MiB, seed=7))["hash"]
+            assert await other.digest() == (digest, True)
+            await b.yield_()
+        finally:
+            await b.close()
+            await a.close()
+            for running in [*ranks, other]:
+                await running.stop()
+
+
+async def _queued(f: Any, job: str) -> bool:
+    return job in (await f.group()).queue
