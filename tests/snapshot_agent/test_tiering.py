@@ -9,6 +9,7 @@ Case matrix:
 | an agent restart with a part on disk | the new agent finds it (tier index) and restores it identical |
 | a restart after a spill cut off half-way | the whole host copy wins over its indexed spill file; an unindexed file goes; Status counts disk bytes out of host bytes |
 | a torn spill file | the restore fails, FAULTED with a reason naming the file; never wrong bytes |
+| a Switch whose incoming job's spill file is torn (halves one after the other) | undone: the outgoing job runs on with its bytes, `failure` names the restore and the file |
 | a full spill disk (a tmpfs mounted for the test, root) | the park is refused RESOURCE_EXHAUSTED naming the directory; that job keeps running, the job already parked restores identical |
 | a budget without a spill directory | a park over the budget is refused, naming the budget |
 """
@@ -245,6 +246,34 @@ async def test_a_torn_spill_file_faults_the_restore_naming_the_file(
         state = (await job_states(stub))["job-b"]
         assert state.state == FAULTED
         assert str(torn) in state.reason
+    finally:
+        await channel.close(None)
+        await agent.stop(0)
+
+
+async def test_a_switch_to_a_job_with_a_torn_spill_file_is_undone(
+    tiered: AgentSettings, spawn_job: Callable[..., Any]
+) -> None:
+    agent = await start_agent(tiered)
+    channel, stub = await open_stub(agent)
+    try:
+        jobs = await park_three(stub, spawn_job, agent)
+        (torn,) = spill_files(tiered, "job-b")
+        os.truncate(torn, SIZE - 1)
+        request = apb.SwitchRequest(
+            group="g1",
+            epoch=10,
+            outgoing=[apb.SwitchMove(job="job-a")],
+            incoming=apb.SwitchMove(job="job-b"),
+        )
+        result = await stub.Switch(request, timeout=60)
+        assert result.failure.job == "job-b"
+        assert result.failure.move == "restore"
+        assert f"spill file {torn} is torn" in result.failure.reason
+        states = await job_states(stub)
+        assert states["job-a"].state == RUNNING  # parked, spilled, filled and put back
+        assert (await jobs["job-a"].ask("hash"))["hash"] == jobs["job-a"].info["hash"]
+        assert states["job-b"].state == FAULTED
     finally:
         await channel.close(None)
         await agent.stop(0)
