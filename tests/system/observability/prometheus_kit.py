@@ -158,8 +158,9 @@ class Prometheus:
         assert answer["status"] == "success", answer
         return answer["data"]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """The series of an instant query (each: `metric` labels, `value`)."""
-        data = self.api("query", query=expr)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The series of an instant query (each: `metric` labels, `value`), now or `at` (a
+        Unix time)."""
+        data = self.api("query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
         assert data["resultType"] == "vector", (expr, data["resultType"])
         return list(data["result"])

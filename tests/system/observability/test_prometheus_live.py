@@ -7,7 +7,9 @@ Set up once for the module:
   `rlslice_scheduler_leader` and every alert of the chart is rendered;
 - an `ElectedScheduler` that leads, with group `g` on the `sim` backend, max_hold_seconds
   set so that a holder is preempted;
-- an agent `n1` on the `sim` backend with two real job processes, a and b;
+- agents `n1` and `n2` on the `sim` backend, with real job processes a, b (group `g`, on
+  n1) and x, y (group `f`, on n2); n2 keeps all host memory in reserve, so it refuses
+  every snapshot;
 - Prometheus (Debian's binary, 127.0.0.1, its TSDB in a temporary folder, started and
   stopped by pid) scraping both every second and evaluating the chart's rendered rules.
   The targets carry the labels the Prometheus Operator gives the targets of the chart's
@@ -15,18 +17,19 @@ Set up once for the module:
 
 Driven with real clients: a holds, b waits, a yields (a is snapshotted); a waits, b yields
 (a is restored); c, a job no agent knows (lock only), waits and is granted; b waits and c,
-holding past max_hold_seconds, is preempted.
+holding past max_hold_seconds, is preempted. In f, x holds, y waits, x yields: n2 refuses
+the snapshot, the switch fails (retried, then y's acquire fails with the reason).
 
 Case matrix:
 
 | checked | how |
 |---|---|
-| both targets up with the chart's labels | /api/v1/targets |
+| every target up with the chart's labels | /api/v1/targets |
 | every dashboard query | /api/v1/query (`$group` = `.*`, `$__rate_interval` = 30s) returns series, each with the labels its legend and `by (...)` name |
-| every rule's query | the expression without its final comparison returns series with the labels its annotations and `by (...)` use |
+| every rule's query | the expression without its final comparison returns series with the labels its annotations and `by (...)` use; f's failures counted whole (a series younger than the window) |
 | every selector alone | each `rlslice_*{...}` of the dashboard and the rules, as written, returns series |
-| the rules in Prometheus | each rule evaluates with health ok; a healthy install fires no alert |
-| exemptions | series that only some events create (`EXEMPT`, a reason each): their metric names are in the scrape, and each exemption is still used |
+| the rules in Prometheus | each rule evaluates with health ok; RlsliceSwitchFailures fires for f, and no other alert stays |
+| exemptions | series that only an event the drive cannot make creates (`EXEMPT`, a reason each; empty today): their metric names are in the scrape, and each exemption is still used |
 
 Samples and readiness are waited for by polling with a deadline (60 s), never by sleeping.
 Without `prometheus` the module skips, or fails when RLSLICE_REQUIRE_PROMETHEUS=1 (CI).
@@ -39,6 +42,7 @@ import json
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,12 +52,13 @@ import kmock
 import pytest
 import pytest_asyncio
 
+from rlslice import ResourceExhaustedError
 from rlslice.adapters.kube import KubeAPI
 from rlslice.client import AsyncClient
 from rlslice.config import GroupSpec
 from rlslice.scheduler import SchedulerSettings
 from rlslice.scheduler.leader import ElectedScheduler, LeaseElector
-from rlslice.snapshot_agent import AgentSettings, SimSettings, start_agent
+from rlslice.snapshot_agent import AgentSettings, RunningAgent, SimSettings, start_agent
 from rlslice.snapshot_agent.processes import identify
 
 from .prometheus_kit import (
@@ -88,14 +93,11 @@ class Exemption:
     reason: str
 
 
-EXEMPT = (
-    Exemption(
-        "rlslice_scheduler_switches_total",
-        'outcome=~"failed|faulted"',
-        "a group's failed/faulted series is created by its first failed or faulted switch; "
-        "nothing fails here (fixtures/prometheus_rules_test.yaml fires the alert on them)",
-    ),
-)
+#: Selectors whose series only an event the drive cannot make creates, each with its
+#: reason (e.g. `Exemption("rlslice_scheduler_switches_total", 'outcome="faulted"', "...")`
+#: if a selector named faulted switches alone). Empty today: the drive makes every series
+#: the dashboard and the rules query, a failed switch included.
+EXEMPT: tuple[Exemption, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -167,9 +169,7 @@ class Live:
     """The running stack the tests query."""
 
     prometheus: Prometheus
-    rules: list[dict[str, Any]]
-    scheduler_labels: dict[str, str]
-    agent_labels: dict[str, str]
+    chart: Chart
 
     async def answers(self, queries: list[Query]) -> dict[Query, list[dict[str, Any]]]:
         """Each query's series, once every query that is not exempt has some (or fail)."""
@@ -204,14 +204,15 @@ async def until(check: Callable[[], bool], what: str) -> None:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def job_pids() -> AsyncIterator[list[int]]:
-    """Two real processes for jobs a and b (the sim backend freezes and thaws them)."""
-    processes = [
-        await asyncio.create_subprocess_exec("sleep", "600", stdin=asyncio.subprocess.DEVNULL)
-        for _ in range(2)
-    ]
-    yield [p.pid for p in processes]
-    for process in processes:
+async def job_pids() -> AsyncIterator[dict[str, int]]:
+    """Real processes for jobs a, b (node n1) and x, y (node n2), which the sim backend
+    freezes and thaws."""
+    processes = {
+        job: await asyncio.create_subprocess_exec("sleep", "600", stdin=asyncio.subprocess.DEVNULL)
+        for job in "abxy"
+    }
+    yield {job: p.pid for job, p in processes.items()}
+    for process in processes.values():
         process.kill()
         await process.wait()
 
@@ -224,7 +225,11 @@ class Chart:
     scheduler_job: str
     agent_job: str
     scheduler_labels: dict[str, str]
-    agent_labels: dict[str, str]
+    daemonset: str
+
+    def agent_labels(self, node: str) -> dict[str, str]:
+        """The PodMonitor target labels of the agent pod on `node`."""
+        return {"namespace": NAMESPACE, "pod": f"{self.daemonset}-{node}abc", "endpoint": "metrics"}
 
 
 def chart(folder: Path) -> Chart:
@@ -238,7 +243,6 @@ def chart(folder: Path) -> Chart:
     rules_file(objects, folder / "rules.yaml")
     service = find(objects, "Service", **{"rlslice.dev/metrics": "true"})["metadata"]["name"]
     deployment = find(objects, "Deployment", **{"app.kubernetes.io/component": "scheduler"})
-    daemonset = find(objects, "DaemonSet")["metadata"]["name"]
     return Chart(
         rules=[r for g in find(objects, "PrometheusRule")["spec"]["groups"] for r in g["rules"]],
         scheduler_job=service,
@@ -249,25 +253,31 @@ def chart(folder: Path) -> Chart:
             "pod": f"{deployment['metadata']['name']}-7d9c5-x2k4q",
             "endpoint": "metrics",
         },
-        agent_labels={"namespace": NAMESPACE, "pod": f"{daemonset}-n1abc", "endpoint": "metrics"},
+        daemonset=find(objects, "DaemonSet")["metadata"]["name"],
     )
 
 
-def scrape_config(rendered: Chart, scheduler_port: int, agent_port: int) -> dict[str, Any]:
-    """Scrape both every second and evaluate the rendered rules as often."""
+def scrape_config(rendered: Chart, scheduler_port: int, agents: dict[str, int]) -> dict[str, Any]:
+    """Scrape the scheduler and the agents (node -> port) every second; evaluate the
+    rendered rules as often."""
 
-    def job(name: str, port: int, labels: dict[str, str]) -> dict[str, Any]:
-        return {
-            "job_name": name,
-            "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": labels}],
-        }
+    def target(port: int, labels: dict[str, str]) -> dict[str, Any]:
+        return {"targets": [f"127.0.0.1:{port}"], "labels": labels}
 
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": ["rules.yaml"],
         "scrape_configs": [
-            job(rendered.scheduler_job, scheduler_port, rendered.scheduler_labels),
-            job(rendered.agent_job, agent_port, rendered.agent_labels),
+            {
+                "job_name": rendered.scheduler_job,
+                "static_configs": [target(scheduler_port, rendered.scheduler_labels)],
+            },
+            {
+                "job_name": rendered.agent_job,
+                "static_configs": [
+                    target(port, rendered.agent_labels(node)) for node, port in agents.items()
+                ],
+            },
         ],
     }
 
@@ -283,19 +293,44 @@ def emulated_kubernetes(cluster: kmock.KubernetesEmulator) -> None:
     )
 
 
-async def drive(
-    scheduler: ElectedScheduler, a: AsyncClient, b: AsyncClient, c: AsyncClient
-) -> None:
-    """a holds, b waits, a yields; a waits, b yields; lock-only c waits, a yields; b waits
-    and c, past max_hold_seconds, is preempted. b holds at the end."""
-    running = scheduler.running
+GROUPS = (
+    GroupSpec(
+        name="g",
+        nodes=("n1",),
+        backend="sim",
+        headroom_bytes=128 << 20,  # more than the device: a and b never share it
+        max_hold_seconds=3.0,
+        yield_grace_seconds=1.0,
+    ),
+    GroupSpec(name="f", nodes=("n2",), backend="sim", headroom_bytes=128 << 20),
+)
 
-    def queue() -> list[str]:
-        return [w.job for w in running.engine.groups["g"].state.queue]
+
+def agent_settings(folder: Path, node: str, scheduler: str, reserve: int) -> AgentSettings:
+    return AgentSettings(
+        node=node,
+        socket_path=folder / node / "agent.sock",
+        state_dir=folder / node / "state",
+        host_reserve_bytes=reserve,
+        sim=SimSettings(root=folder / node / "sim", capacity_bytes=64 << 20, rate_gbps=0.0),
+        scheduler=scheduler,
+        metrics_port=0,
+    )
+
+
+async def drive(scheduler: ElectedScheduler, clients: dict[str, AsyncClient]) -> None:
+    """In g: a holds, b waits, a yields; a waits, b yields; lock-only c waits, a yields; b
+    waits and c, past max_hold_seconds, is preempted (b holds at the end). In f: x holds, y
+    waits, x yields, and n2 refuses the snapshot (host memory): the switch fails."""
+    running = scheduler.running
+    a, b, c, x, y = (clients[job] for job in "abcxy")
+
+    def queue(group: str) -> list[str]:
+        return [w.job for w in running.engine.groups[group].state.queue]
 
     async def hand_over(holder: AsyncClient, to: AsyncClient, phase: str) -> None:
         waiting = asyncio.ensure_future(to.acquire(phase=phase))
-        await until(lambda: queue() == [to.job], f"{to.job} to queue")
+        await until(lambda: queue(to.group) == [to.job], f"{to.job} to queue")
         await holder.yield_()
         await asyncio.wait_for(waiting, DEADLINE)
 
@@ -304,22 +339,18 @@ async def drive(
     await hand_over(b, a, "train")
     await hand_over(a, c, "rollout")
     await asyncio.wait_for(b.acquire(phase="train"), DEADLINE)  # by preemption
+    await x.acquire(phase="rollout")
+    with pytest.raises(ResourceExhaustedError, match="host memory"):
+        await hand_over(x, y, "train")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def live(
-    short_dir: Path, job_pids: list[int], tmp_path_factory: pytest.TempPathFactory
+    short_dir: Path, job_pids: dict[str, int], tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Live]:
     binary = require_tool("prometheus")
     folder = tmp_path_factory.mktemp("prometheus")
     rendered = chart(folder)
-    spec = GroupSpec(
-        name="g",
-        backend="sim",
-        headroom_bytes=128 << 20,  # more than the device: a and b never share it
-        max_hold_seconds=3.0,
-        yield_grace_seconds=1.0,
-    )
     with pytest.MonkeyPatch.context() as env:
         for name in ("RLSLICE_AGENT_SOCKET", "RLSLICE_TOKEN", "RLSLICE_JOB", "RLSLICE_GROUP"):
             env.delenv(name, raising=False)
@@ -328,67 +359,63 @@ async def live(
             env.setenv("RLSLICE_KUBE_API", str(cluster.url))
             env.setenv("RLSLICE_NAMESPACE", NAMESPACE)
             settings = SchedulerSettings(
-                address="127.0.0.1:0", store="kubernetes:live", groups=(spec,), metrics_port=0
+                address="127.0.0.1:0", store="kubernetes:live", groups=GROUPS, metrics_port=0
             )
             api = KubeAPI(str(cluster.url))
             pod = rendered.scheduler_labels["pod"]
             elector = LeaseElector(api, NAMESPACE, "live", pod, duration=60, retry_period=0.2)
             scheduler = ElectedScheduler(settings, elector)
             await scheduler.start()
-            agent = prometheus = None
-            clients = [
-                AsyncClient(job=job, group="g", scheduler=scheduler.address, lease_seconds=600)
-                for job in "abc"
-            ]
+            agents: dict[str, RunningAgent] = {}
+            prometheus = None
+            clients = {
+                job: AsyncClient(
+                    job=job, group=group, scheduler=scheduler.address, lease_seconds=600
+                )
+                for job, group in (("a", "g"), ("b", "g"), ("c", "g"), ("x", "f"), ("y", "f"))
+            }
             try:
                 await until(lambda: scheduler.leading, "the scheduler to lead")
-                agent = await start_agent(
-                    AgentSettings(
-                        node="n1",
-                        socket_path=short_dir / "agent.sock",
-                        state_dir=short_dir / "state",
-                        host_reserve_bytes=0,
-                        sim=SimSettings(
-                            root=short_dir / "sim", capacity_bytes=64 << 20, rate_gbps=0.0
-                        ),
-                        scheduler=scheduler.address,
-                        metrics_port=0,
-                    )
-                )
+                # n2 keeps all host memory in reserve: it refuses every snapshot.
+                for node, reserve in (("n1", 0), ("n2", 1 << 55)):
+                    settings_of = agent_settings(short_dir, node, scheduler.address, reserve)
+                    agents[node] = await start_agent(settings_of)
                 assert scheduler.metrics_port is not None
-                assert agent.metrics_port is not None
-                config = scrape_config(rendered, scheduler.metrics_port, agent.metrics_port)
+                ports = {node: agent.metrics_port for node, agent in agents.items()}
+                assert None not in ports.values()
+                config = scrape_config(rendered, scheduler.metrics_port, ports)  # type: ignore[arg-type]
                 prometheus = Prometheus.start(binary, config, folder)
                 await asyncio.to_thread(prometheus.wait_ready, DEADLINE)
-                await until(lambda: "n1" in scheduler.running.coordinator.agents, "agent n1")
-                for job, pid in zip("ab", job_pids, strict=True):
+                known = scheduler.running.coordinator.agents
+                await until(lambda: {"n1", "n2"} <= set(known), "agents n1 and n2")
+                for job, pid in job_pids.items():
                     ref = identify(pid)
                     assert ref is not None
-                    agent.engine.register(ref, job, "g")
-                await drive(scheduler, *clients)
-                yield Live(
-                    prometheus, rendered.rules, rendered.scheduler_labels, rendered.agent_labels
-                )
+                    node, group = ("n1", "g") if job in "ab" else ("n2", "f")
+                    agents[node].engine.register(ref, job, group)
+                await drive(scheduler, clients)
+                yield Live(prometheus, rendered)
             finally:
-                for client in clients:
+                for client in clients.values():
                     await client.close()
                 if prometheus is not None:
                     prometheus.stop()
-                if agent is not None:
+                for agent in agents.values():
                     await agent.stop(0)
                 await scheduler.stop()
 
 
-async def test_prometheus_scrapes_both_targets_with_the_chart_labels(live: Live) -> None:
-    def both_up() -> list[dict[str, Any]] | None:
+async def test_prometheus_scrapes_every_target_with_the_chart_labels(live: Live) -> None:
+    def all_up() -> list[dict[str, Any]] | None:
         targets = live.prometheus.api("targets")["activeTargets"]
         healthy = [t for t in targets if t["health"] == "up"]
-        return targets if len(healthy) == len(targets) == 2 else None
+        return targets if len(healthy) == len(targets) == 3 else None
 
-    targets = await asyncio.to_thread(poll, both_up, DEADLINE, "both targets up")
+    targets = await asyncio.to_thread(poll, all_up, DEADLINE, "the three targets up")
     by_pod = {t["labels"]["pod"]: t["labels"] for t in targets}
-    assert by_pod[live.scheduler_labels["pod"]].items() >= live.scheduler_labels.items()
-    assert by_pod[live.agent_labels["pod"]].items() >= live.agent_labels.items()
+    expected = [live.chart.scheduler_labels, *map(live.chart.agent_labels, ("n1", "n2"))]
+    for labels in expected:
+        assert by_pod[labels["pod"]].items() >= labels.items()
 
 
 def check_labels(answers: dict[Query, list[dict[str, Any]]]) -> None:
@@ -410,29 +437,44 @@ async def test_every_dashboard_query_returns_series_with_its_legend_labels(live:
     nodes = {
         s["metric"]["node"] for q in queries if "group_left (node)" in q.expr for s in answers[q]
     }
-    assert nodes == {"n1"}
+    assert nodes == {"n1", "n2"}
 
 
 async def test_every_rule_query_returns_series_with_the_labels_its_alert_uses(
     live: Live,
 ) -> None:
-    queries = rule_queries(live.rules)
+    queries = rule_queries(live.chart.rules)
     assert {q.source for q in queries} >= {"RlsliceNoLeader", "RlsliceJobFaulted"}
     answers = await live.answers(queries)
     check_labels(answers)
     faulted = answers[next(q for q in queries if q.source == "RlsliceJobFaulted")]
-    assert [s["metric"]["pod"] for s in faulted] == [live.agent_labels["pod"]]
+    pods = sorted(live.chart.agent_labels(node)["pod"] for node in ("n1", "n2"))
+    assert sorted(s["metric"]["pod"] for s in faulted) == pods
+    failures = answers[next(q for q in queries if q.source == "RlsliceSwitchFailures")]
+    assert [s["metric"]["group"] for s in failures] == ["f"]
+    # The failed series is younger than the window: the alert counts all of it (the
+    # scheduler retries a failed switch before the waiter's acquire fails), at one instant.
+    rule = next(q for q in queries if q.source == "RlsliceSwitchFailures")
+    at = time.time()
+    counted, raw = await asyncio.gather(
+        asyncio.to_thread(live.prometheus.query, rule.expr, at),
+        asyncio.to_thread(
+            live.prometheus.query, 'rlslice_scheduler_switches_total{outcome="failed"}', at
+        ),
+    )
+    assert [s["metric"]["group"] for s in raw] == ["f"]
+    assert float(counted[0]["value"][1]) == float(raw[0]["value"][1]) >= 1
 
 
 async def test_every_selector_of_the_dashboard_and_the_rules_finds_series(live: Live) -> None:
-    queries = selectors(dashboard_queries() + rule_queries(live.rules))
+    queries = selectors(dashboard_queries() + rule_queries(live.chart.rules))
     names = {SERIES.match(q.expr).group(1) for q in queries}  # type: ignore[union-attr]
     assert "rlslice_scheduler_leader" in names
     answers = await live.answers(queries)
     assert all(answers[q] for q in queries if not q.exemption())
 
 
-async def test_the_rules_evaluate_cleanly_and_a_healthy_install_fires_nothing(
+async def test_the_rules_evaluate_cleanly_and_only_the_failed_switch_alerts(
     live: Live,
 ) -> None:
     def evaluated() -> list[dict[str, Any]] | None:
@@ -442,24 +484,29 @@ async def test_the_rules_evaluate_cleanly_and_a_healthy_install_fires_nothing(
         return rules if rules and done else None
 
     rules = await asyncio.to_thread(poll, evaluated, DEADLINE, "every rule evaluated")
-    assert {r["name"] for r in rules} == {r["alert"] for r in live.rules}
+    assert {r["name"] for r in rules} == {r["alert"] for r in live.chart.rules}
     for rule in rules:
         assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
-    # Before the first scrape RlsliceNoLeader may be pending (no series yet); it must clear.
-    last: list[Any] = []
+    # Group f's one failed switch (its series created at 1) fires at once; nothing else
+    # may stay (RlsliceNoLeader is pending until the first scrape, then must clear).
+    expected = [("RlsliceSwitchFailures", "f", "firing")]
+    last: list[tuple[str, str, str]] = []
 
-    def quiet() -> bool | None:
-        last[:] = live.prometheus.api("alerts")["alerts"]
-        return True if not last else None
+    def settled() -> bool | None:
+        alerts = live.prometheus.api("alerts")["alerts"]
+        last[:] = sorted(
+            (a["labels"]["alertname"], a["labels"].get("group", ""), a["state"]) for a in alerts
+        )
+        return True if last == expected else None
 
     try:
-        await asyncio.to_thread(poll, quiet, DEADLINE, "no alert pending or firing")
+        await asyncio.to_thread(poll, settled, DEADLINE, "the failed switch's alert alone")
     except AssertionError:
-        raise AssertionError(f"alerts on a healthy install: {last}") from None
+        raise AssertionError(f"alerts {last}, expected {expected}") from None
 
 
 async def test_exempt_series_name_metrics_that_are_in_the_scrape(live: Live) -> None:
-    queries = dashboard_queries() + rule_queries(live.rules)
+    queries = dashboard_queries() + rule_queries(live.chart.rules)
     for exemption in EXEMPT:
         assert exemption.reason
         assert any(q.exemption() is exemption for q in queries), f"unused: {exemption}"
