@@ -11,7 +11,7 @@ Set up once for the module:
   n1) and x, y (group `f`, on n2); n2 keeps all host memory in reserve, so it refuses
   every snapshot;
 - Prometheus (Debian's binary, 127.0.0.1, its TSDB in a temporary folder, started and
-  stopped by pid) scraping both every second and evaluating the chart's rendered rules.
+  stopped by pid) scraping all three every second and evaluating the chart's rendered rules.
   The targets carry the labels the Prometheus Operator gives the targets of the chart's
   ServiceMonitor and PodMonitor, with the rendered Service's and DaemonSet's names.
 
