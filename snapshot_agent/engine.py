@@ -650,11 +650,15 @@ class AgentEngine:
         return overlapped, failure
 
     async def _guard(self, handle: JobHandle, backend: Backend) -> None:
+        if isinstance(backend, TieredBackend):
+            # The disk tier first: spill others until the park fits the host budget and
+            # leaves the reserve free (their parked copies are host memory), then check.
+            nbytes = await backend.device_bytes(handle)
+            short = nbytes + self._reserve - self._host_memory()
+            await self.tiering.make_room(handle.job, nbytes, shortfall=short)
         await moves.guard(
             handle, backend, host_available=self._host_memory(), reserve=self._reserve
         )
-        if isinstance(backend, TieredBackend):  # the host budget: spill others to fit
-            await self.tiering.make_room(handle.job, await backend.device_bytes(handle))
 
     async def _observe(self, move: Move, backend: str, nbytes: int, seconds: float) -> None:
         self._count(move, backend, nbytes, seconds)

@@ -3,9 +3,11 @@
 The agent may keep at most `budget` bytes of parked state in host memory. Before it parks
 `incoming` more bytes it asks `choose()`: the parts to spill, least recently used job
 first (the job parked longest ago), each job's parts in name order, until what stays in
-host memory plus the incoming bytes fits the budget. Parts of the jobs in `keep` (the job
-being parked, a job being restored, a job another move holds) never move. When even
-spilling every other part would not do, the plan says why, and nothing is spilled.
+host memory plus the incoming bytes fits the budget, and at least `shortfall` bytes more
+when host memory itself is short (the reserve). Parts of the jobs in `keep` (the job being
+parked, a job being restored, a job another move holds) never move. When even spilling
+every other part would not keep the budget, the plan says why, and nothing is spilled; a
+shortfall that spilling cannot cover is the host-memory guard's to refuse, not the plan's.
 """
 
 from __future__ import annotations
@@ -51,14 +53,17 @@ def choose(
     budget: int,
     keep: Set[str] = frozenset(),
     pending: int = 0,
+    shortfall: int = 0,
 ) -> SpillPlan:
-    """The parts to spill so that `incoming` more bytes fit in `budget`.
+    """The parts to spill so that `incoming` more bytes fit in `budget`, and that free at
+    least `shortfall` bytes (as many as there are, if fewer).
 
     `parts`: every part now in host memory; `pending`: bytes other moves under way will
     still add (reserved, not yet there)."""
     resident = list(parts)
     used = sum(part.nbytes for part in resident) + pending
-    need = used + incoming - budget
+    over = used + incoming - budget
+    need = max(over, shortfall)
     if need <= 0:
         return SpillPlan()
     candidates = _lru_order(p for p in resident if p.job not in keep and p.nbytes > 0)
@@ -69,7 +74,7 @@ def choose(
             break
         chosen.append(part)
         freed += part.nbytes
-    if freed < need:
+    if freed < over:
         return SpillPlan(
             refusal=(
                 f"host budget: parking {format_bytes(incoming)} beside "

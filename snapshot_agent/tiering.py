@@ -179,15 +179,24 @@ class Tiering:
             for tier, nbytes in self.tier_bytes().items():
                 self.metrics.tier_bytes.labels(tier=tier).set(nbytes)
 
-    async def make_room(self, job: str, nbytes: int, *, keep: frozenset[str] = frozenset()) -> None:
-        """Make room in the host budget for `nbytes` more of `job` (a park about to run) and
-        reserve them until the park settles; ResourceExhaustedError when it cannot be done
-        (the budget, or a full spill disk): then nothing was lost and nothing moved."""
+    async def make_room(
+        self,
+        job: str,
+        nbytes: int,
+        *,
+        keep: frozenset[str] = frozenset(),
+        shortfall: int = 0,
+    ) -> None:
+        """Make room in the host budget for `nbytes` more of `job` (a park about to run),
+        spilling at least `shortfall` bytes besides (host memory the reserve lacks), and
+        reserve them until the park settles; ResourceExhaustedError when the budget cannot
+        be kept or a spill finds the disk full: then nothing was lost. Host memory short
+        with nothing left to spill is the host-memory guard's to refuse."""
         if not self.enabled:
             return
         async with self._lock:
             self._reserved.pop(job, None)
-            await self._make_room(job, nbytes, keep | {job})
+            await self._make_room(job, nbytes, keep | {job}, shortfall=shortfall)
             self._reserved[job] = nbytes
 
     def settled(self, job: str) -> None:
@@ -208,13 +217,20 @@ class Tiering:
                 if not self._busy[job]:
                     del self._busy[job]
 
-    async def _make_room(self, job: str, nbytes: int, keep: frozenset[str]) -> None:
+    async def _make_room(
+        self, job: str, nbytes: int, keep: frozenset[str], *, shortfall: int = 0
+    ) -> None:
         assert self.budget is not None
         keep = keep | frozenset(self._busy)
         pending = sum(n for j, n in self._reserved.items() if j != job)
         parts = await asyncio.to_thread(self.host_parts)
         plan = spill_choice.choose(
-            parts, incoming=nbytes, budget=self.budget, keep=keep, pending=pending
+            parts,
+            incoming=nbytes,
+            budget=self.budget,
+            keep=keep,
+            pending=pending,
+            shortfall=shortfall if self.root is not None else 0,
         )
         if plan.refusal is None and plan.spill and self.root is None:
             plan = spill_choice.SpillPlan(

@@ -9,6 +9,8 @@ Case matrix:
 | one part of the oldest job is enough | only that part |
 | the oldest job is kept (being moved) | the next oldest spills instead |
 | pending bytes of other moves count | more spills |
+| host memory short of the reserve (a shortfall) | at least the shortfall spills, budget or not |
+| a shortfall larger than every part | everything spills, no refusal (the host-memory guard decides) |
 | even everything else would not do | a refusal naming the budget; nothing spills |
 | empty parts | never chosen |
 """
@@ -77,6 +79,18 @@ def test_a_park_that_cannot_fit_even_with_everything_spilled_is_refused() -> Non
     assert plan.refusal is not None
     assert "budget of 10.00 MiB" in plan.refusal
     assert "frees only 10.00 MiB" in plan.refusal
+
+
+def test_host_memory_short_of_the_reserve_spills_more_than_the_budget_asks() -> None:
+    plan = choose(PARTS, incoming=2 * MiB, budget=64 * MiB, shortfall=5 * MiB)
+    assert plan.refusal is None
+    assert spilled(plan) == [("job-a", "o.bin"), ("job-a", "w.bin")]
+
+
+def test_a_shortfall_spilling_cannot_cover_spills_what_there_is_without_refusing() -> None:
+    plan = choose(PARTS, incoming=2 * MiB, budget=64 * MiB, shortfall=64 * MiB)
+    assert plan.refusal is None  # the host-memory guard refuses what is still short
+    assert plan.nbytes == 14 * MiB
 
 
 def test_an_empty_part_is_never_chosen() -> None:
