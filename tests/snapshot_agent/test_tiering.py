@@ -12,10 +12,12 @@ Case matrix:
 | a Switch whose incoming job's spill file is torn (halves one after the other) | undone: the outgoing job runs on with its bytes, `failure` names the restore and the file |
 | a full spill disk (a tmpfs mounted for the test, root) | the park is refused RESOURCE_EXHAUSTED naming the directory; that job keeps running, the job already parked restores identical |
 | a budget without a spill directory | a park over the budget is refused, naming the budget |
+| `--host-budget`, `--spill-dir` (and RLSLICE_AGENT_*) | become AgentSettings; none by default |
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -344,3 +346,22 @@ async def test_a_budget_without_a_spill_directory_refuses_the_park(
     finally:
         await channel.close(None)
         await agent.stop(0)
+
+
+def test_the_disk_tier_flags_and_variables_become_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from rlslice.apps import agent as command
+
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    plain = command.settings_from(parser.parse_args(["--state-dir", str(tmp_path)]))
+    assert plain.host_budget_bytes is None
+    assert plain.spill_dir is None
+    monkeypatch.setenv("RLSLICE_AGENT_SPILL_DIR", str(tmp_path / "nvme"))
+    parser = argparse.ArgumentParser()  # variables are read as the flags are declared
+    command.configure(parser)
+    args = parser.parse_args(["--host-budget", "64GiB", "--state-dir", str(tmp_path)])
+    settings = command.settings_from(args)
+    assert settings.host_budget_bytes == 64 << 30
+    assert settings.spill_dir == tmp_path / "nvme"
