@@ -16,6 +16,11 @@ headroom_bytes, host_reserve_bytes, backend, policy, nodes, node_selector}`. The
 scores on the first group's hardware (groups in a file are taken to be alike) and the
 placement's groups take the file's names in order. Without a rate or an overhead, the
 profiles' measured copy rate and handoff seconds (medians over the profiles) are used.
+
+Each chosen group of two or more jobs also gets a waiter-ordering policy (`fifo`, `lrs`
+or `stage`, simulated with the scheduler's own policy code), with the reason; the
+emitted groups carry it (a `policy` in `--groups` wins) and, for `stage`, declare the
+profiles' `rollout` and `train` phases as those kinds.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             max_group_size=args.max_group_size,
             max_groups=len(groups) if groups else None,
             horizon_s=args.horizon,
+            policies=advice_pickers(),
         )
     except (OSError, ValueError, ValidationError, InvalidArgumentError) as error:
         print(f"advise: {error}", file=sys.stderr)
@@ -107,6 +113,20 @@ def run(args: argparse.Namespace) -> int:
             if path is not None:
                 print(f"wrote {path}")
     return 1 if advice.problems else 0
+
+
+#: The policies `rlslice advise` weighs (priority and fair encode intent, not throughput).
+ADVISED_POLICIES = ("fifo", "lrs", "stage")
+#: Phase names the advice declares as phase kinds (`rlslice profile` names phases so).
+ADVISED_PHASE_KINDS = {"rollout": "rollout", "train": "train"}
+
+
+def advice_pickers() -> dict[str, Any]:
+    """The scheduler's policies as the advisor's pickers, phase kinds declared."""
+    from rlslice.apps._sim_policies import phase_table, picker
+
+    kinds = phase_table(ADVISED_PHASE_KINDS)
+    return {name: picker(name, kinds) for name in ADVISED_POLICIES}
 
 
 def load_profile_files(paths: list[Path]) -> list[WorkloadProfile]:
@@ -185,16 +205,24 @@ def group_specs(
     hardware: Hardware,
 ) -> list[Any]:
     """The chosen groups as `rlslice.config.GroupSpec` values."""
-    from rlslice.config import GroupSpec, JobSpec
+    from rlslice.config import GroupSpec, JobSpec, PhaseKind, PhaseSpec, Policy
 
     by_name = {p.name: p for p in profiles}
     specs = []
     for index, (score, name) in enumerate(zip(advice.groups, names, strict=True)):
         extra = groups[index] if index < len(groups) else {}
+        policy = str(extra.get("policy", score.policy))
+        used = {phase.name for j in score.jobs for phase in by_name[j].phases}
+        phases = {
+            phase: PhaseSpec(kind=PhaseKind(kind))
+            for phase, kind in ADVISED_PHASE_KINDS.items()
+            if policy == "stage" and phase in used
+        }
         specs.append(
             GroupSpec(
                 name=name,
-                policy=extra.get("policy", "fifo"),
+                policy=Policy(policy),
+                phases=phases,
                 backend=str(extra.get("backend", backend)),
                 headroom_bytes=hardware.headroom_bytes,
                 nodes=tuple(extra.get("nodes", ())),
@@ -223,6 +251,8 @@ def time_slice_groups_yaml(specs: list[Any]) -> str:
     documents = []
     for spec in specs:
         body: dict[str, Any] = {"backend": spec.backend, "policy": spec.policy.value}
+        if spec.phases:
+            body["phases"] = {name: {"kind": p.kind.value} for name, p in spec.phases.items()}
         if spec.headroom_bytes:
             body[HEADROOM_FIELD] = spec.headroom_bytes
         if spec.node_selector:
@@ -288,6 +318,9 @@ def print_advice(advice: Advice, names: list[str], hardware: Hardware, *, top: i
             f"{score.switches_per_hour:.0f}",
         )
     console.print(chosen)
+    for name, score in zip(names, advice.groups, strict=True):
+        if score.policy_reason:
+            console.print(f"{name} policy: {score.policy_reason}")
     rest = [c for c in advice.candidates if c not in advice.groups]
     others = [c for c in rest if c.allowed][:top] + [c for c in rest if not c.allowed][:top]
     if others:
@@ -324,6 +357,8 @@ def advice_json(advice: Advice, names: list[str], hardware: Hardware) -> dict[st
             "switches_per_hour": round(score.switches_per_hour, 1),
             "simulated": score.simulated,
             "problems": list(score.problems),
+            "policy": score.policy,
+            "policy_reason": score.policy_reason,
         }
 
     return {

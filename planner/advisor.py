@@ -20,12 +20,16 @@ union loses the fewest GPU-seconds to waiting and switching, the demand bound pr
 without a simulation) followed by a local search that moves and swaps single jobs
 between groups, both within `max_evaluations` simulations. `gap_to_exhaustive` measures
 the heuristic against the exhaustive best.
+
+Given `policies` (name -> `Picker`, the scheduler's policy code from the applications
+layer), every chosen group of two or more jobs also gets a recommended waiter-ordering
+policy with its reason (`rlslice.planner.policy_advice.choose_policy`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from typing import Literal
 
@@ -33,7 +37,9 @@ from rlslice._errors import InvalidArgumentError
 from rlslice.planner import _checks
 from rlslice.planner.interleave import InterleaveResult, simulate_interleaving
 from rlslice.planner.memory import human_bytes
+from rlslice.planner.policy_advice import choose_policy
 from rlslice.planner.profile import WorkloadProfile
+from rlslice.planner.waiters import Picker
 
 DEFAULT_MAX_SLOWDOWN = 1.2
 #: Simulated cycles of the slowest job in a candidate group (the horizon of a score).
@@ -87,6 +93,10 @@ class GroupScore:
     """The bounds the group breaks, one sentence each; empty when it is allowed."""
     simulated: bool = True
     """False when a bound refused the group without simulating it (figures are bounds)."""
+    policy: str = "fifo"
+    """The recommended waiter-ordering policy (chosen groups, when policies were given)."""
+    policy_reason: str = ""
+    """Why that policy, one sentence; empty when no policy was weighed."""
 
     @property
     def allowed(self) -> bool:
@@ -232,8 +242,10 @@ def predict_group(
     horizon_s: float,
     seed: int = 0,
     policy: str = "fifo",
+    picker: Picker | None = None,
 ) -> InterleaveResult:
-    """Simulate `profiles` sharing one group of `hardware` for `horizon_s` seconds."""
+    """Simulate `profiles` sharing one group of `hardware` for `horizon_s` seconds,
+    ordered by `policy` (or by `picker`, see `simulate_interleaving`)."""
     return simulate_interleaving(
         [p.to_job_profile() for p in profiles],
         gpu_bytes=hardware.gpu_bytes - hardware.headroom_bytes,
@@ -242,7 +254,27 @@ def predict_group(
         policy=policy,
         horizon_s=horizon_s,
         seed=seed,
+        picker=picker,
     )
+
+
+def _with_policy(scorer: _Scorer, score: GroupScore, policies: Mapping[str, Picker]) -> GroupScore:
+    """`score` with the policy `choose_policy` recommends for its jobs."""
+    if len(score.jobs) < 2 or not score.allowed:
+        return score
+    profiles = [scorer.profiles[n] for n in score.jobs]
+    horizon = scorer.horizon_s or max(
+        MIN_HORIZON_S, CYCLES_PER_SCORE * max(p.cycle_seconds for p in profiles)
+    )
+    choice = choose_policy(
+        score.jobs,
+        {n: scorer.bound(n) for n in score.jobs},
+        policies,
+        lambda name, pick: predict_group(
+            profiles, scorer.hardware, horizon_s=horizon, seed=scorer.seed, policy=name, picker=pick
+        ),
+    )
+    return replace(score, policy=choice.policy, policy_reason=choice.reason)
 
 
 Partition = tuple[frozenset[str], ...]
@@ -365,12 +397,14 @@ def advise(
     max_evaluations: int = 4000,
     horizon_s: float | None = None,
     seed: int = 0,
+    policies: Mapping[str, Picker] | None = None,
 ) -> Advice:
     """Place `profiles` into groups of `hardware`, maximising the fleet GPU busy fraction.
 
     `max_groups` (the groups a `--groups` file offers) is reported as a problem when the
     best placement needs more; `horizon_s` fixes the simulated horizon of every score
-    (default: `CYCLES_PER_SCORE` cycles of the group's slowest job).
+    (default: `CYCLES_PER_SCORE` cycles of the group's slowest job); `policies` (which
+    must include `fifo`) adds a recommended policy to each chosen group.
     """
     if not profiles:
         raise InvalidArgumentError("profiles must not be empty")
@@ -393,6 +427,8 @@ def advise(
     chosen = sorted(
         (scorer.score(tuple(b)) for b in partition), key=lambda s: (-s.busy_fraction, s.jobs)
     )
+    if policies is not None:
+        chosen = [_with_policy(scorer, score, policies) for score in chosen]
     if max_groups is not None and len(chosen) > max_groups:
         problems.append(
             f"the placement needs {len(chosen)} groups; only {max_groups} are available"

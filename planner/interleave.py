@@ -268,6 +268,8 @@ class _Group:
     def on_done(self, state: _JobState, now: float) -> None:
         was_gpu = state.phase.kind == "gpu"
         state.step += 1
+        if state.step % len(state.job.phases) == 0 and state.cycle_ends is not None:
+            state.cycle_ends.append(now)
         if was_gpu:
             state.last_used = now
             if state.phase.kind == "gpu":  # keep holding through consecutive GPU phases
@@ -276,8 +278,6 @@ class _Group:
             self.busy = False  # yield
             state.served_at = now
             state.held_seconds += now - state.hold_started
-        if state.step % len(state.job.phases) == 0 and state.cycle_ends is not None:
-            state.cycle_ends.append(now)
         self.start_phase(state, now)
 
     def run(self) -> None:

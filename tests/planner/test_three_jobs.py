@@ -7,7 +7,8 @@ against fifo, keeps the group at least 85 % busy and slows no job more than 1.3x
 is no better than fifo there (documented); `rlslice simulate --policy fifo,lrs,stage
 --json` prints each policy's busy fraction, min step and per-job step times side by
 side; an unknown policy or a policy named twice exits 2 naming it; a YAML scenario
-declares its phase kinds.
+declares its phase kinds; a cycle whose last GPU phase runs straight into the next
+cycle's GPU phase still counts as a step.
 """
 
 from __future__ import annotations
@@ -157,3 +158,19 @@ def test_a_yaml_scenario_declares_its_phase_kinds(
     assert json.loads(capsys.readouterr().out)["policy"] == "stage"
     with pytest.raises(InvalidArgumentError, match=r"phases\.gen"):
         scenario_from_mapping({**data, "phases": {"gen": "decode"}})
+
+
+def test_a_cycle_ending_in_a_gpu_phase_before_a_gpu_phase_counts_as_a_step() -> None:
+    from rlslice.planner.interleave import JobProfile, Phase, simulate_interleaving
+
+    job = JobProfile(
+        "solo",
+        (Phase("rollout", "gpu", 2.0), Phase("score", "cpu", 1.0), Phase("train", "gpu", 1.0)),
+    )
+    result = simulate_interleaving(
+        [job], gpu_bytes=1, bandwidth_bytes_per_s=1.0, horizon_s=40.0, picker=picker("lrs")
+    )
+    (outcome,) = result.jobs
+    assert outcome.step_seconds == pytest.approx(4.0)
+    assert outcome.dedicated_step_seconds == pytest.approx(4.0)
+    assert result.min_step_seconds == pytest.approx(4.0)
