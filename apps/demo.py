@@ -47,6 +47,10 @@ class Profile:
     score_seconds: float = 2.32
     train_seconds: float = 0.63
     state_mib: int = 256
+    #: data preparation on the CPU after training (0: none, the default job)
+    prepare_seconds: float = 0.0
+    #: seconds after the window opens that the job starts its first cycle
+    start_offset_seconds: float = 0.0
 
     @property
     def gpu_seconds(self) -> float:
@@ -54,7 +58,7 @@ class Profile:
 
     @property
     def cycle_seconds(self) -> float:
-        return self.gpu_seconds + self.score_seconds
+        return self.gpu_seconds + self.score_seconds + self.prepare_seconds
 
 
 @dataclass
@@ -152,7 +156,14 @@ class _Cluster:
         self.service.stop()
 
 
-def _start_cluster(work: Path, *, devices: int, capacity: int, rate_gbps: float) -> _Cluster:
+def _start_cluster(
+    work: Path,
+    *,
+    devices: int,
+    capacity: int,
+    rate_gbps: float,
+    group_config: Path | None = None,
+) -> _Cluster:
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     node = "demo-node"
@@ -181,6 +192,8 @@ def _start_cluster(work: Path, *, devices: int, capacity: int, rate_gbps: float)
         "--host-reserve",
         str(256 * MiB),
     )
+    if group_config is not None:
+        argv += ["--group-config", str(group_config)]
     service = start_service(argv, work / "up.log")
     cluster = _Cluster(service, f"127.0.0.1:{port}", socket_path, sim_root, node)
     devices_file = sim_root / node / "devices.json"
@@ -232,7 +245,7 @@ def _run_job(
         barrier.wait(timeout=120)
         window.ready.wait(timeout=120)
         stop_at = window.stop
-        _sleep_until_wall(window.start)
+        _sleep_until_wall(window.start + profile.start_offset_seconds)
         while time.time() < stop_at:
             began = time.time()
             rollout = _gpu(run, client, worker, origin, "rollout", seconds=profile.rollout_seconds)
@@ -243,14 +256,34 @@ def _run_job(
                 run, client, worker, origin, "train", seconds=profile.train_seconds, reward=reward
             )
             run.checksums.append(int(answer["checksum"]))
+            if profile.prepare_seconds > 0:
+                prepared = time.time()
+                _score_rewards(profile.prepare_seconds, reward)
+                run.intervals.append(
+                    (run.job, prepared - origin, time.time() - origin, "cpu:prepare")
+                )
             run.cycles += 1
             run.cycle_seconds.append(time.time() - began)
     except Exception as error:
         run.error = f"{type(error).__name__}: {error}"
         barrier.abort()
     finally:
-        worker.close()
+        _close_worker(client, worker)
         client.close()
+
+
+def _close_worker(client: Any, worker: WorkerPipe) -> None:
+    """Stop the worker with its state home: a parked worker is frozen and would never
+    read its `quit`, so the job takes the group once more (restored), then stops it."""
+    try:
+        client.acquire(phase="unload")
+    except Exception:
+        worker.close()  # the scheduler is gone or refused: nothing is parked by it now
+        return
+    try:
+        worker.close()
+    finally:
+        client.yield_()
 
 
 def _worker(run: JobRun, cluster: _Cluster, profile: Profile, seed: int, device: int) -> WorkerPipe:
@@ -306,7 +339,7 @@ def _run_mode(
     mode: str,
     cluster: _Cluster,
     jobs: list[str],
-    profile: Profile,
+    profiles: list[Profile],
     seconds: float,
     origin: float,
     progress: _Progress,
@@ -324,7 +357,7 @@ def _run_mode(
             args=(run,),
             kwargs={
                 "cluster": cluster,
-                "profile": profile,
+                "profile": profiles[i],
                 "device": i if mode == "dedicated" else 0,
                 "seed": 1000 + i,
                 "window": window,
@@ -414,10 +447,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--rate-gbps", type=float, default=25.0, help="emulated host<->device copy rate, GB/s"
     )
     parser.add_argument(
-        "--state-mib", type=int, default=256, help="emulated device state per job, MiB"
+        "--state-mib",
+        type=int,
+        help="emulated device state per job, MiB (default 256; 32 with --policy)",
     )
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="no live progress line")
+    parser.add_argument(
+        "--policy",
+        metavar="P[,P...]",
+        help="run the jobs time-sliced once per waiter-ordering policy (fifo, priority, "
+        "fair, lrs, stage) and compare each run with the simulator's prediction; with "
+        "--jobs 3 the jobs are the three-jobs scenario's (docs/planner.md)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.01,
+        help="with --policy: real seconds per simulated second of the scenario",
+    )
+    parser.add_argument("--json", action="store_true", help="print only the JSON object, no tables")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -427,7 +476,11 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds < 5:
         print("rlslice demo: --seconds must be at least 5", file=sys.stderr)
         return 2
-    profile = Profile(state_mib=args.state_mib)
+    if args.policy is not None:
+        from rlslice.apps.demo_policies import run_policies
+
+        return run_policies(args)
+    profile = Profile(state_mib=256 if args.state_mib is None else args.state_mib)
     jobs = [f"grpo-{chr(ord('a') + i)}" for i in range(args.jobs)]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -444,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             dedicated = _run_mode(
-                "dedicated", cluster, jobs, profile, args.seconds, origin, progress
+                "dedicated", cluster, jobs, [profile] * len(jobs), args.seconds, origin, progress
             )
         finally:
             cluster.stop()
@@ -453,7 +506,7 @@ def run(args: argparse.Namespace) -> int:
         )
         try:
             sliced = _run_mode(
-                "time-sliced", cluster, jobs, profile, args.seconds, origin, progress
+                "time-sliced", cluster, jobs, [profile] * len(jobs), args.seconds, origin, progress
             )
         finally:
             cluster.stop()
@@ -461,7 +514,8 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(work, ignore_errors=True)
     png = _write_timeline(sliced, out / "timeline.png", origin)
     summary = _summary(dedicated, sliced, profile, png)
-    _print_table(dedicated, sliced, summary)
+    if not args.json:
+        _print_table(dedicated, sliced, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
     return 0
