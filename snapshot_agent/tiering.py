@@ -73,7 +73,8 @@ class Tiering:
         self._index: dict[str, dict[str, spill.SpillRecord]] = {}
         self._reserved: dict[str, int] = {}
         self._busy: dict[str, int] = {}  # jobs whose parked copy a move is reading now
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()
+        """Held while parts spill or fill, and while a tiered job is released."""
 
     @property
     def enabled(self) -> bool:
@@ -122,8 +123,13 @@ class Tiering:
         self._index.clear()
         if self.root is None or not self.root.is_dir():
             return
+        parked = set(self._backend.parked_jobs()) if self._backend is not None else set()
         for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
             job = folder.name
+            if job not in parked:  # released, or restored, while its files stayed behind
+                log.warning("spill: job %s has no parked copy; its spill files are dropped", job)
+                shutil.rmtree(folder, ignore_errors=True)
+                continue
             try:
                 data = json.loads((folder / INDEX).read_text())
                 records = {str(n): spill.SpillRecord.from_json(r) for n, r in data["parts"].items()}
@@ -194,7 +200,7 @@ class Tiering:
         with nothing left to spill is the host-memory guard's to refuse."""
         if not self.enabled:
             return
-        async with self._lock:
+        async with self.lock:
             self._reserved.pop(job, None)
             await self._make_room(job, nbytes, keep | {job}, shortfall=shortfall)
             self._reserved[job] = nbytes
@@ -265,7 +271,7 @@ class Tiering:
         records = self._index.get(job)
         if not records:
             return 0
-        async with self._lock:
+        async with self.lock:
             records = dict(self._index.get(job, {}))
             total = sum(r.length for r in records.values())
             try:
@@ -342,8 +348,9 @@ class TieredBackend:
             return await self.inner.restore(job, deadline=deadline)
 
     async def release(self, job: JobHandle) -> int:
-        freed = await self.inner.release(job)
-        return freed + self.tiering.forget(job.job)
+        async with self.tiering.lock:  # no spill of this job is under way meanwhile
+            freed = await self.inner.release(job)
+            return freed + self.tiering.forget(job.job)
 
     async def swap(
         self,

@@ -7,7 +7,7 @@ Case matrix:
 |---|---|
 | oversubscribed: 4 jobs, the 3 parked ones holding 3x the host budget, round robin, 5 turns each | every turn's bytes identical (sha256 in the job); parked bytes in host memory never above the budget (sampled while the switches run); the disk tier used; tier gauges add up |
 | an agent restart with a part on disk | the new agent finds it (tier index) and restores it identical |
-| a restart after a spill cut off half-way | the whole host copy wins over its indexed spill file; an unindexed file goes; Status counts disk bytes out of host bytes |
+| a restart after a spill cut off half-way | the whole host copy wins over its indexed spill file; an unindexed file goes, and so do the files of a job with no parked copy; Status counts disk bytes out of host bytes |
 | a torn spill file | the restore fails, FAULTED with a reason naming the file; never wrong bytes |
 | a Switch whose incoming job's spill file is torn (halves one after the other) | undone: the outgoing job runs on with its bytes, `failure` names the restore and the file |
 | a full spill disk (a tmpfs mounted for the test, root) | the park is refused RESOURCE_EXHAUSTED naming the directory; that job keeps running, the job already parked restores identical |
@@ -215,12 +215,15 @@ async def test_a_restart_settles_a_spill_cut_off_half_way(
     assert tiered.spill_dir is not None
     stray = tiered.spill_dir / tiered.node / "job-c" / "cut-off.bin"
     stray.write_bytes(b"half a part")
+    gone = tiered.spill_dir / tiered.node / "job-gone"  # released while this agent was down
+    shutil.copytree(spilled.parent, gone)
     again = await start_agent(tiered)
     channel, stub = await open_stub(again)
     try:
         assert not again.engine.tiering.spilled("job-b")  # the whole host copy wins
         assert spill_files(tiered, "job-b") == []
         assert not stray.exists()
+        assert not gone.exists()  # no parked copy: its spill files go
         assert again.engine.tiering.spilled("job-c")
         status = await job_states(stub)
         assert status["job-c"].host_bytes == 0  # on disk, not in host memory
