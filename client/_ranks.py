@@ -151,7 +151,12 @@ class TorchCoordinator:
 
     def share(self, value: object) -> object:
         box = [value]
-        self._dist.broadcast_object_list(box, src=0, group=self._group)
+        try:
+            self._dist.broadcast_object_list(box, src=0, group=self._group)
+        except RuntimeError as error:  # a rank died or its connection broke
+            raise AbortedError(
+                f"ranks: the job's ranks lost each other: {_first(error)}"
+            ) from error
         return box[0]
 
     def barrier(self, what: str) -> None:
@@ -162,8 +167,13 @@ class TorchCoordinator:
                 group=self._group, timeout=self._timeout, wait_all_ranks=True
             )
         except RuntimeError as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-            raise DeadlineExceededError(f"ranks: {what}: {first}") from error
+            raise DeadlineExceededError(f"ranks: {what}: {_first(error)}") from error
+
+
+def _first(error: BaseException) -> str:
+    """The first line of an error from torch.distributed (its messages run long)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else repr(error)
 
 
 @dataclass(frozen=True)
