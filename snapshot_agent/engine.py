@@ -159,7 +159,6 @@ class AgentEngine:
         """Create the default backend and re-read every job's state (after a restart)."""
         self._state_dir.mkdir(parents=True, exist_ok=True)
         await self.backend(self.default_backend)
-        await asyncio.to_thread(self.tiering.recover)
         self.table.load()
         with self.table.change():  # the recovery, one unit (nothing else runs yet)
             for entry in list(self.table.entries.values()):

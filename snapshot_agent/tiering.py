@@ -88,6 +88,7 @@ class Tiering:
         if not isinstance(backend, SupportsSwap):
             return backend  # every tiered backend swaps today (sim); nothing to wrap
         self._backend = backend
+        self.recover()  # the index of what this backend's jobs have on disk
         return cast(Backend, TieredBackend(backend, self))
 
     # -- the index -----------------------------------------------------------------------
@@ -119,11 +120,12 @@ class Tiering:
         temp.replace(folder / INDEX)
 
     def recover(self) -> None:
-        """Read every job's index after a start; settle what an agent stop cut off."""
-        self._index.clear()
-        if self.root is None or not self.root.is_dir():
+        """Read every job's index after a start; settle what an agent stop cut off. Runs
+        once the tiered backend exists (`wrap`), since only it tells which jobs are parked."""
+        if self.root is None or self._backend is None or not self.root.is_dir():
             return
-        parked = set(self._backend.parked_jobs()) if self._backend is not None else set()
+        self._index.clear()
+        parked = set(self._backend.parked_jobs())
         for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
             job = folder.name
             if job not in parked:  # released, or restored, while its files stayed behind
