@@ -43,6 +43,7 @@ __all__ = [
     "SpillFileError",
     "SpillFullError",
     "SpillRecord",
+    "failure",
     "read_part",
     "write_part",
 ]
@@ -208,7 +209,7 @@ def write_part(
         fd, direct = _open_direct(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     except OSError as error:
         os.close(source_fd)
-        raise _failure(error, "write", target) from error
+        raise failure(error, "write", target) from error
     pipe = _Pipe(chunk, depth)
     length = 0
     try:
@@ -225,7 +226,7 @@ def write_part(
     except OSError as error:
         os.close(fd)
         target.unlink(missing_ok=True)
-        raise _failure(error, "write", target) from error
+        raise failure(error, "write", target) from error
     except BaseException:
         os.close(fd)
         target.unlink(missing_ok=True)
@@ -286,7 +287,9 @@ def _mismatch(record: SpillRecord, length: int, crc: int) -> str | None:
     return None
 
 
-def _failure(error: OSError, verb: str, target: Path) -> SpillError:
+def failure(error: OSError, verb: str, target: Path) -> SpillError:
+    """The SpillError for `error` while doing `verb` to `target`: SpillFullError naming
+    the directory when the disk is full."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return SpillFullError(
             f"spill directory {target.parent} is full ({error.strerror}): "

@@ -260,7 +260,12 @@ class Tiering:
         started = time.perf_counter()
         record = await asyncio.to_thread(spill.write_part, source, target)
         self._index.setdefault(part.job, {})[part.name] = record
-        await asyncio.to_thread(self._write_index, part.job)
+        try:
+            await asyncio.to_thread(self._write_index, part.job)
+        except OSError as error:  # the index did not land: the part stays in host memory
+            del self._index[part.job][part.name]
+            target.unlink(missing_ok=True)
+            raise spill.failure(error, "index write", target.parent / INDEX) from error
         source.unlink()  # only now: the index says where the bytes are
         self._observe("spill", part.nbytes, time.perf_counter() - started)
         log.info("spill: %s of job %s to %s", part.name, part.job, target)
@@ -288,6 +293,7 @@ class Tiering:
                 await asyncio.to_thread(spill.read_part, record, targets[name])
                 del self._index[job][name]
                 await asyncio.to_thread(self._write_index, job)
+                await asyncio.to_thread(_unlink, record.file)  # in host memory again
                 self._observe("fill", record.length, time.perf_counter() - started)
             return total
 
@@ -307,6 +313,11 @@ class Tiering:
         )
         histogram.observe(seconds)
         self.metrics.tier_moved_bytes.labels(direction=direction).inc(nbytes)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class TieredBackend:
