@@ -12,6 +12,11 @@ Cases:
   waiter's acquire fails with a reason naming rank 1, rank 0's bytes are back on its device
   unchanged, b was never commanded; once ddp-a leaves (its driver closes), b is granted
   and its bytes are intact.
+- a node cut off mid-switch (nftables drops every packet between the scheduler and node
+  n2's agent while the job's rank on n2 is offloading): the waiter's acquire fails with
+  ABORTED naming n2 within two attempts' deadlines; after the heal the job's ranks on both
+  nodes come back with their bytes intact when it acquires again, the other job was
+  never commanded, and the group goes on (the other job is granted next).
 
 torch is required: with RLSLICE_REQUIRE_TORCH=1 (CI) a missing torch fails instead of skipping.
 """
@@ -25,6 +30,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,8 +128,8 @@ async def _holder_is(sched: Any, job: str) -> bool:
 MiB = 1 << 20
 
 
-async def start_app_rank(f: Any, job: str, rank: int | None) -> AppJob:
-    """An `appjob.py` process of `job` on n1 (with `RANK` when `rank` is given), its
+async def start_app_rank(f: Any, job: str, rank: int | None, node: str = "n1") -> AppJob:
+    """An `appjob.py` process of `job` on `node` (with `RANK` when `rank` is given), its
     workload stream open."""
     env = child_env()
     env.pop("RANK", None)
@@ -132,12 +138,12 @@ async def start_app_rank(f: Any, job: str, rank: int | None) -> AppJob:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(APPJOB),
-        str(f.cluster.agents["n1"].socket_path),
+        str(f.cluster.agents[node].socket_path),
         job,
         "g",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        stderr=(f.cluster.work / f"{job}-{rank}.log").open("ab"),
+        stderr=(f.cluster.work / f"{job}-{rank}-{node}.log").open("ab"),
         env=env,
     )
     running = AppJob(process)
@@ -191,3 +197,66 @@ async def test_a_rank_killed_mid_switch_fails_the_switch_by_name_and_the_group_g
 
 async def _queued(f: Any, job: str) -> bool:
     return job in (await f.group()).queue
+
+
+#: The scheduler's deadline for each call to an agent in the node-cut test.
+RPC_TIMEOUT = 3.0
+#: Two switch attempts, each a Status and a Switch call cut off at RPC_TIMEOUT, plus room
+#: for a loaded 2-core machine (as test_partitions.py).
+SWITCH_BOUND = 2 * 2 * RPC_TIMEOUT + 6.0
+
+
+async def test_a_node_cut_off_mid_switch_fails_it_by_node_and_the_job_comes_back_whole(
+    faults: Any, nft: Any
+) -> None:
+    cluster = {"nodes": ("n1", "n2"), "agent_rpc_timeout": RPC_TIMEOUT}
+    async with faults(**cluster) as f:
+        await f.put_group(name="g", backend="app", headroom_bytes=1 << 50)
+        ranks = [
+            await start_app_rank(f, "ddp-a", 0, "n1"),
+            await start_app_rank(f, "ddp-a", 1, "n2"),
+        ]
+        other = await start_app_rank(f, "b", None, "n1")
+        port = int(f.cluster.agents["n2"].service.address.rsplit(":", 1)[1])
+        a = AsyncClient(job="ddp-a", group="g", scheduler=f.address, lease_seconds=30)
+        b = AsyncClient(job="b", group="g", scheduler=f.address, lease_seconds=30)
+        try:
+            await a.acquire(timeout=30)
+            hashes = [
+                (await r.call(op="init", size=MiB, seed=i))["hash"] for i, r in enumerate(ranks)
+            ]
+            await ranks[1].call(op="gate", closed=True)
+            waiting = asyncio.ensure_future(b.acquire(timeout=60))
+            await eventually(lambda: _queued(f, "b"), timeout=30)
+            await a.yield_()
+            await ranks[1].event("offloading", timeout=30)  # mid-switch, on n2
+            rules = nft.cut_link(port)
+            cut = time.monotonic()
+            await ranks[1].call(op="gate", closed=False)  # n2 finishes, unheard
+            with pytest.raises(AbortedError, match="node n2") as failed:
+                await waiting
+            assert time.monotonic() - cut <= SWITCH_BOUND
+            print(f"the waiter was told: {failed.value}")
+            for rule in rules:
+                nft.heal(rule)
+            assert other.events.empty()  # b was never commanded
+            # The job comes back whole: both ranks' bytes on their devices, unchanged.
+            await a.acquire(timeout=60)
+            for rank, digest in zip(ranks, hashes, strict=True):
+                assert await rank.digest() == (digest, True)
+                assert proc_state(rank.pid) not in ("T", "")
+            await f.check()
+            # The group goes on: the other job is granted next.
+            waiting = asyncio.ensure_future(b.acquire(timeout=60))
+            await eventually(lambda: _queued(f, "b"), timeout=30)
+            await a.yield_()
+            assert (await waiting).epoch > 0
+            assert (await f.group()).holder == "b"
+            for rank in ranks:
+                assert (await rank.digest())[1] is False  # parked by the switch
+            await b.yield_()
+        finally:
+            await b.close()
+            await a.close()
+            for running in [*ranks, other]:
+                await running.stop()
