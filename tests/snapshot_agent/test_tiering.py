@@ -11,6 +11,7 @@ Case matrix:
 | a torn spill file | the restore fails, FAULTED with a reason naming the file; never wrong bytes |
 | a Switch whose incoming job's spill file is torn (halves one after the other) | undone: the outgoing job runs on with its bytes, `failure` names the restore and the file |
 | a full spill disk (a tmpfs mounted for the test, root) | the park is refused RESOURCE_EXHAUSTED naming the directory; that job keeps running, the job already parked restores identical |
+| a spill disk with room for the part, not its index | refused the same way; the part stays in host memory, its spill file goes |
 | a budget without a spill directory | a park over the budget is refused, naming the budget |
 | `--host-budget`, `--spill-dir` (and RLSLICE_AGENT_*) | become AgentSettings; none by default |
 """
@@ -326,6 +327,49 @@ async def test_a_full_spill_disk_refuses_the_park_and_loses_nothing(
         for epoch, name in ((4, "job-c"), (5, "job-b")):  # from host memory, then disk
             await stub.Restore(apb.RestoreRequest(job=name, group="g1", epoch=epoch))
             assert (await jobs[name].ask("hash"))["hash"] == jobs[name].info["hash"]
+    finally:
+        await channel.close(None)
+        await agent.stop(0)
+
+
+@pytest.fixture
+def exact_spill_fs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of exactly one part (8 MiB): the part's file fits, its index does not."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("the full-disk test needs root to mount a tmpfs")
+        pytest.skip("needs root to mount a tmpfs")
+    mount = tmp_path / "exact"
+    mount.mkdir()
+    size = f"size={SIZE // 1024}k"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_a_disk_full_for_the_index_keeps_the_part_in_host_memory(
+    make_settings: Callable[..., AgentSettings], exact_spill_fs: Path, spawn_job: Callable[..., Any]
+) -> None:
+    settings = make_settings("n3", host_budget_bytes=BUDGET, spill_dir=exact_spill_fs)
+    agent = await start_agent(settings)
+    channel, stub = await open_stub(agent)
+    try:
+        jobs = {}
+        for seed, name in enumerate(JOBS[:3]):
+            jobs[name] = await spawn_job(name, "g1", SIZE, "--seed", str(seed), running=agent)
+        await stub.Snapshot(apb.SnapshotRequest(job="job-b", group="g1", epoch=1))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Snapshot(apb.SnapshotRequest(job="job-c", group="g1", epoch=2))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        index = exact_spill_fs / "n3" / "job-b" / "index.json"
+        assert f"spill directory {index.parent} is full" in (caught.value.details() or "")
+        assert not agent.engine.tiering.spilled("job-b")
+        assert spill_files(settings, "job-b") == []
+        await stub.Restore(apb.RestoreRequest(job="job-b", group="g1", epoch=3))
+        assert (await jobs["job-b"].ask("hash"))["hash"] == jobs["job-b"].info["hash"]
+        assert (await job_states(stub))["job-c"].state == RUNNING
     finally:
         await channel.close(None)
         await agent.stop(0)
