@@ -16,6 +16,14 @@ Cases, in one run of the pair:
 - no switch failed, the longest grant wait stays below the agent's wait for a missing
   workload stream (the stall a leaving job caused before), and the grant after the first
   job left waited no longer than the grants before it (one second of slack).
+
+A rollout/train split of the same pair (the group declares `rollout` and `train` phase
+kinds): grpo-a holds its `rollout` phase for the whole run (`hold="train",
+offer="asked"`), grpo-b holds a `train` phase per step. Once grpo-b's train waits, grpo-a
+is asked to yield and gives the group up at its next step end (its first step end waits
+for the request, so the case never depends on how fast steps run); grpo-a is granted again
+once per early yield, grpo-b once per step, and both still compute bit-identically to their
+runs alone.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ def up(tmp_path: Path) -> Iterator[tuple[str, str]]:
     config = tmp_path / "groups.yaml"
     config.write_text(
         f"groups:\n  - name: {GROUP}\n    backend: app\n    headroom_bytes: {1 << 50}\n"
+        "    phases: {rollout: {kind: rollout}, train: {kind: train}}\n"
     )
     address = f"127.0.0.1:{_free_port()}"
     sock = tmp_path / "agent.sock"
@@ -90,7 +99,31 @@ def up(tmp_path: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
-def _pair(work: Path, label: str, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+#: The rollout/train split: grpo-a's callback holds a rollout across steps and yields when
+#: asked; grpo-b's holds a train per step (the default).
+SPLIT = {
+    "grpo-a": [
+        "--phase",
+        "rollout",
+        "--hold",
+        "train",
+        "--offer",
+        "asked",
+        "--await-yield-request",
+    ],
+    "grpo-b": ["--phase", "train"],
+}
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Both jobs without a scheduler (the callback passes through): the reference."""
+    return _pair(tmp_path_factory.mktemp("alone"), "alone", _env())
+
+
+def _pair(
+    work: Path, label: str, env: dict[str, str], extra: dict[str, list[str]] | None = None
+) -> dict[str, dict[str, Any]]:
     """Both jobs at once, their loops started together; their JSON by job."""
     barrier = work / f"barrier-{label}"
     barrier.mkdir()
@@ -99,6 +132,7 @@ def _pair(work: Path, label: str, env: dict[str, str]) -> dict[str, dict[str, An
         out = work / f"{job}-{label}.json"
         argv = [sys.executable, str(JOB), "--seed", str(seed), "--steps", str(STEPS)]
         argv += ["--out", str(out), "--barrier", str(barrier), "--job", job]
+        argv += (extra or {}).get(job, [])
         log = (work / f"{job}-{label}.log").open("wb")
         running[job] = (
             out,
@@ -126,10 +160,9 @@ def _computed(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_two_grpo_trainers_share_a_group_bit_identically_and_keep_their_weights(
-    up: tuple[str, str], tmp_path: Path
+    up: tuple[str, str], tmp_path: Path, alone: dict[str, dict[str, Any]]
 ) -> None:
     address, agent_socket = up
-    alone = _pair(tmp_path, "alone", _env())
     sliced = _pair(
         tmp_path,
         "sliced",
@@ -183,3 +216,38 @@ def test_two_grpo_trainers_share_a_group_bit_identically_and_keep_their_weights(
         f"longest_wait={longest:.3f}s waits_before_leave={[round(w, 3) for w in before]} "
         f"after_leave={[round(w, 3) for w in after]}"
     )
+
+
+def test_a_rollout_trainer_yields_early_to_a_train_trainer_bit_identically(
+    up: tuple[str, str], tmp_path: Path, alone: dict[str, dict[str, Any]]
+) -> None:
+    address, agent_socket = up
+    env = _env(
+        RLSLICE_SCHEDULER=address,
+        RLSLICE_GROUP=GROUP,
+        RLSLICE_AGENT_SOCKET=agent_socket,
+        RLSLICE_LEASE_SECONDS="2",  # a keep-alive every 2/3 s: the request arrives soon
+    )
+    split = _pair(tmp_path, "split", env, SPLIT)
+    with grpc.insecure_channel(address) as channel:
+        stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        events = stub.GetEvents(pb.GetEventsRequest(group=GROUP), timeout=10).events
+
+    for job in SEEDS:
+        a, s = alone[job], split[job]
+        assert len(s["history"]) == STEPS, job
+        assert _computed(s["history"]) == _computed(a["history"]), job
+        assert s["weights_sha256"] == a["weights_sha256"], job
+        assert s["empty_parameters"] == [], job
+        assert s["saved_matches"], job
+    rollout, train = split["grpo-a"], split["grpo-b"]
+    assert rollout["early_yields"] >= 1
+    # One grant for the run, one more after each early yield.
+    assert rollout["left_with"]["grants"] == 1 + rollout["early_yields"]
+    assert train["early_yields"] == 0
+    assert train["left_with"]["grants"] == STEPS
+    kinds = pb.EventKind
+    granted = [(e.job, e.detail) for e in events if e.kind == kinds.EVENT_KIND_GRANTED]
+    assert ("grpo-a", "rollout") in granted
+    assert ("grpo-b", "train") in granted
+    assert [e.detail for e in events if e.kind == kinds.EVENT_KIND_SWITCH_FAILED] == []

@@ -1,13 +1,19 @@
 """One real `trl.GRPOTrainer` job with the two lines of rlslice, for test_trl_pair.py.
 
     python trl_job.py --seed 1 --steps 3 --out result.json [--barrier DIR] [--job grpo-a]
+        [--phase rollout --hold train --offer asked --await-yield-request]
 
 A tiny Llama and a word-level tokenizer are built from a config (no download); the prompts
 and the reward are made up here. With `RLSLICE_SCHEDULER` set the job runs under
 `GpuPhaseCallback(offload=True)`; without it the callback passes through (the run alone).
 After `train()` it saves the model with `trainer.save_model()` and reads the saved file
 back. Writes JSON: per-step log history (floats as hex), SHA-256 of the weights in memory
-and of the saved file, every grant the callback got.
+and of the saved file, every grant the callback got, and its early yields.
+
+`--phase/--hold/--offer` configure the callback (the rollout side of a rollout/train
+split: `--phase rollout --hold train --offer asked`). `--await-yield-request` makes the
+first step end wait (up to 60 s) until the scheduler asks the job to yield, so the split
+pair really exercises an early yield however fast the steps run (under a scheduler only).
 """
 
 from __future__ import annotations
@@ -121,6 +127,30 @@ class Grants:
             )
 
 
+class AwaitYieldRequest:
+    """At the first step end, wait until the scheduler asks the job to yield (it runs
+    before the rlslice callback, which then gives the group up at that same step end)."""
+
+    def __init__(self, callback: GpuPhaseCallback) -> None:
+        self.callback = callback
+        self.waited = False
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        if self.waited or self.callback.client().disabled:
+            return
+        self.waited = True
+        deadline = time.monotonic() + 60
+        while not self.callback.should_yield():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the scheduler never asked the rollout to yield")
+            time.sleep(0.01)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, required=True)
@@ -128,6 +158,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--barrier", type=Path)
     parser.add_argument("--job", default=os.environ.get("RLSLICE_JOB", "alone"))
+    parser.add_argument("--phase", default="train")
+    parser.add_argument("--hold", default="step", choices=["step", "train"])
+    parser.add_argument("--offer", default="step", choices=["step", "asked"])
+    parser.add_argument("--await-yield-request", action="store_true")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -154,20 +188,26 @@ def main() -> None:
     )
 
     # The two lines: the callback registers the model and the optimizer itself.
-    with GpuPhaseCallback(offload=True) as rlslice_callback:
+    with GpuPhaseCallback(
+        offload=True, phase=args.phase, hold=args.hold, offer=args.offer
+    ) as rlslice_callback:
         grants = Grants(rlslice_callback)
+        callbacks: list[Any] = [rlslice_callback, grants]
+        if args.await_yield_request:
+            callbacks.insert(0, AwaitYieldRequest(rlslice_callback))
         trainer = GRPOTrainer(
             model=policy,
             reward_funcs=reward_even_words,
             args=config,
             train_dataset=dataset,
             processing_class=tok,
-            callbacks=[rlslice_callback, grants],
+            callbacks=callbacks,
         )
         if args.barrier is not None:
             wait_at_barrier(args.barrier, args.job)
         trainer.train()
         left_with = {"held": rlslice_callback.held, "grants": rlslice_callback.grants}
+        early_yields = rlslice_callback.early_yields
         offloader = rlslice_callback.offloader
 
     # After train(): the weights are home; saving reads them.
@@ -191,6 +231,7 @@ def main() -> None:
         "empty_parameters": empty,
         "grants": grants.seen,
         "left_with": left_with,
+        "early_yields": early_yields,
         "offloader_tags": list(offloader.tags) if offloader is not None else [],
         "offloaded_after_train": bool(offloader is not None and offloader.offloaded),
     }
