@@ -82,6 +82,8 @@ def group_status(
                 reason=state.faulted.get(name, ""),
                 lease_expires_at=record.expires_at,
                 lock_only=name in lock_only,
+                phase=record.phase,
+                last_served_at=record.last_served_at or 0.0,
             )
         )
     return pb.GroupStatus(

@@ -58,6 +58,8 @@ async def test_lrs_grants_the_job_served_longest_ago_first() -> None:
         await a.yield_()
         granted = await asyncio.wait_for(b_waits, 10)
         assert granted.job == "b"
+        served = {j.job: j.last_served_at for j in (await sched.group("gpus")).jobs}
+        assert 0 < served["b"] < served["c"] < served["a"]  # a's hold ended last
         assert not c_waits.done()
         assert list((await sched.group("gpus")).queue) == ["c"]
         await b.yield_()
@@ -76,8 +78,10 @@ async def test_stage_grants_a_waiting_train_before_an_earlier_rollout() -> None:
         c_waits = asyncio.create_task(c.acquire(phase="rollout"))
         await eventually(sched, "gpus", lambda s: list(s.queue) == ["c"], timeout=10)
         b_waits = asyncio.create_task(b.acquire(phase="train"))
-        # The scheduler reports the queue in policy order: the train first.
-        await eventually(sched, "gpus", lambda s: list(s.queue) == ["b", "c"], timeout=10)
+        # The scheduler reports the queue in policy order (the train first) and each
+        # job's phase.
+        status = await eventually(sched, "gpus", lambda s: list(s.queue) == ["b", "c"], timeout=10)
+        assert {j.job: j.phase for j in status.jobs} == {"a": "train", "b": "train", "c": "rollout"}
         await a.yield_()
         assert (await asyncio.wait_for(b_waits, 10)).job == "b"
         assert not c_waits.done()

@@ -418,6 +418,8 @@ class JobStatus(google.protobuf.message.Message):
     REASON_FIELD_NUMBER: builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: builtins.int
     LOCK_ONLY_FIELD_NUMBER: builtins.int
+    PHASE_FIELD_NUMBER: builtins.int
+    LAST_SERVED_AT_FIELD_NUMBER: builtins.int
     job: builtins.str
     """Job id."""
     state: global___JobState.ValueType
@@ -436,6 +438,10 @@ class JobStatus(google.protobuf.message.Message):
     """No agent of the group knew the job when it registered: it takes turns on the lock,
     but its switches move nothing of it.
     """
+    phase: builtins.str
+    """The phase the job last asked for: the one it waits for, or holds."""
+    last_served_at: builtins.float
+    """Unix time the job's last hold ended (POLICY_LRS orders by it); 0 when never served."""
     def __init__(
         self,
         *,
@@ -447,8 +453,10 @@ class JobStatus(google.protobuf.message.Message):
         reason: builtins.str = ...,
         lease_expires_at: builtins.float = ...,
         lock_only: builtins.bool = ...,
+        phase: builtins.str = ...,
+        last_served_at: builtins.float = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["device_bytes", b"device_bytes", "held_seconds", b"held_seconds", "job", b"job", "lease_expires_at", b"lease_expires_at", "lock_only", b"lock_only", "queue_position", b"queue_position", "reason", b"reason", "state", b"state"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["device_bytes", b"device_bytes", "held_seconds", b"held_seconds", "job", b"job", "last_served_at", b"last_served_at", "lease_expires_at", b"lease_expires_at", "lock_only", b"lock_only", "phase", b"phase", "queue_position", b"queue_position", "reason", b"reason", "state", b"state"]) -> None: ...
 
 global___JobStatus = JobStatus
 
