@@ -58,6 +58,7 @@ from rlslice.planner.pipeline_sim import (
     result_row,
     simulate_pipeline,
 )
+from rlslice.planner.policy_advice import PolicyChoice, choose_policy
 from rlslice.planner.profile import (
     Percentiles,
     ProfiledPhase,
@@ -73,13 +74,19 @@ from rlslice.planner.recovery import (
     make_checkpoint,
     recovery_drill,
 )
-from rlslice.planner.scenarios import Scenario, article_scenario, scenario_from_mapping
+from rlslice.planner.scenarios import (
+    Scenario,
+    article_scenario,
+    scenario_from_mapping,
+    three_jobs_scenario,
+)
 from rlslice.planner.sync import (
     SyncSchedule,
     synchronization_schedule,
     synchronization_transfer_time,
 )
 from rlslice.planner.timeline import SwitchMarker, TimelineInterval, plot_timeline
+from rlslice.planner.waiters import Picker, QueuedJob
 
 __all__ = [
     "BYTES_PER_GIB",
@@ -102,10 +109,13 @@ __all__ = [
     "PeakMemory",
     "Percentiles",
     "Phase",
+    "Picker",
     "PipelineConfig",
     "PipelineReport",
     "PipelineResult",
+    "PolicyChoice",
     "ProfiledPhase",
+    "QueuedJob",
     "RecoveryDrill",
     "Scenario",
     "StragglerReport",
@@ -119,6 +129,7 @@ __all__ = [
     "article_scenario",
     "checkpoint_as_dict",
     "checkpoint_cadence",
+    "choose_policy",
     "completion_token_mask",
     "diagnose_pipeline",
     "effective_sample_size",
@@ -147,4 +158,5 @@ __all__ = [
     "straggler_report",
     "synchronization_schedule",
     "synchronization_transfer_time",
+    "three_jobs_scenario",
 ]

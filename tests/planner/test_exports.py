@@ -77,6 +77,12 @@ EXPECTED = NOTEBOOK_NAMES | {
     "load_profiles",
     "predict_group",
     "profiles_from_events",
+    # waiter-ordering policies in the simulator and the advisor (issue 27)
+    "Picker",
+    "PolicyChoice",
+    "QueuedJob",
+    "choose_policy",
+    "three_jobs_scenario",
 }
 
 
