@@ -252,7 +252,10 @@ class RankedClient:
             except Exception as error:
                 if self._coordinator is None:
                     raise
-                self._coordinator.share(_failure(error))
+                try:  # tell the other ranks; a rank that is gone cannot be told
+                    self._coordinator.share(_failure(error))
+                except AbortedError as lost:
+                    log.error("rank 0 of job %r: %s", self.job, lost)
                 raise
         if self._coordinator is None:
             return value

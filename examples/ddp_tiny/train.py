@@ -172,6 +172,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="folder: once every rank is ready, rank 0 writes JOB.ready there and waits for "
         "a file named go (compare.py starts both jobs' loops together this way)",
     )
+    parser.add_argument(
+        "--quiesce-seconds",
+        type=float,
+        default=60.0,
+        help="how long a rank waits for the others at a phase's end before the job fails",
+    )
     parser.add_argument("--quiet", action="store_true", help="no per-step lines")
     return parser.parse_args(argv)
 
@@ -208,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         group=args.group,
         scheduler=scheduler,
         register_with_agent=offload is None,
+        quiesce_seconds=args.quiesce_seconds,
         lease_seconds=60.0,
     )
     dist.barrier()  # every rank's offload stream is open before the first phase

@@ -14,8 +14,11 @@ holds nothing is a no-op on the workload side, so this is safe to repeat.
 A job of many ranks (one workload per rank process, on one node or several) moves all its
 ranks or none: the error names the rank that failed (`rank R (pid P)`, or `pid P` where
 the process has no `RANK`). A rank whose stream this backend saw and which has none now
-(its process died, or its offload loop ended) fails the move before anything is sent:
-moving the others alone would park half a job. Only the job named is ever commanded.
+while its process still runs (its offload loop ended) fails the move before anything is
+sent: moving the others alone would park half a job that could run on. A rank whose
+process has exited is dropped from the job with a warning and the others move without
+it: its state is gone with it, the job's other ranks learn it at their next collective,
+and the group goes on. Only the job named is ever commanded.
 
 No privileges, no driver API: torch tensors move to pinned host buffers, vLLM sleeps,
 SGLang releases memory. Options: `discard_tags` (per snapshot), `rollback_seconds` (60).
@@ -130,12 +133,20 @@ class AppBackend:
             )
         seen = self._ranks.setdefault(job.job, {})
         streaming = {link.pid for link in job.workloads if link.pid}
+        for pid in [pid for pid in seen if pid not in streaming and pid not in job.pids]:
+            # Its process is gone, and its state with it: nothing of it can come back, so
+            # the job's other ranks move without it (they learn it at their next collective).
+            rank = seen.pop(pid)
+            log.warning(
+                "app: job %s: %s has exited; its other ranks move", job.job, _name(pid, rank)
+            )
         lost = sorted(pid for pid in seen if pid not in streaming)
         if lost:
             names = ", ".join(_name(pid, seen[pid]) for pid in lost)
             raise BackendError(
                 f"app: job {job.job}: {names} no longer answers (its workload stream is "
-                "gone): the job's ranks move together or not at all; nothing moved"
+                "gone while its process runs): the job's ranks move together or not at all; "
+                "nothing moved"
             )
         for link in job.workloads:
             if link.pid:
@@ -164,7 +175,9 @@ class AppBackend:
             # Everything that offloaded, or may have (no answer in time), comes back.
             back = [link for link, a in zip(links, answers, strict=True) if not _refused(a)]
             await self._roll_back(job, back)
-            raise BackendError(_failed_message(job, links, failures, "") + "; others restored")
+            message = _failed_message(job, links, failures, "") + "; others restored"
+            log.warning("%s", message)  # the scheduler may retry: the agent's log keeps why
+            raise BackendError(message)
         self._note_pinned(job, answers)
         moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
         return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)
@@ -212,7 +225,9 @@ class AppBackend:
         )
         failures = [(i, a) for i, a in enumerate(answers) if _failed(a)]
         if failures:
-            raise BackendError(_failed_message(job, links, failures, "restore: "))
+            message = _failed_message(job, links, failures, "restore: ")
+            log.warning("%s", message)
+            raise BackendError(message)
         self._note_pinned(job, answers)
         moved = sum(a.bytes for a in answers if isinstance(a, WorkloadAnswer))
         return MoveOutcome(bytes=moved, seconds=time.monotonic() - start)

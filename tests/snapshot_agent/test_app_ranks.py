@@ -10,8 +10,10 @@ Cases:
   the rank (`rank 1 (pid 202)`), another job's ranks get no command;
 - a rank silent past the deadline: the others are restored; the error names the rank and
   says it did not answer by the deadline;
-- a rank whose stream was seen and is gone (its process died, its loop ended): the next
-  move fails before any rank is commanded, naming that rank;
+- a rank whose stream was seen and is gone while its process runs (its loop ended): the
+  next move fails before any rank is commanded, naming that rank;
+- a rank whose process exited: dropped from the job with a warning naming it; the other
+  ranks move without it (its state is gone with it; the group goes on);
 - the agent reads a rank from the workload process's own environment (`RANK`), and none
   from a process without it (real child processes).
 """
@@ -119,7 +121,7 @@ async def test_a_rank_silent_past_the_deadline_fails_the_move_and_the_others_com
     assert OffloadAction.RESTORE in ranks[1].commands  # it may have moved: told to restore
 
 
-async def test_a_rank_whose_stream_is_gone_fails_the_next_move_before_any_rank_moves(
+async def test_a_rank_whose_stream_is_gone_while_it_runs_fails_the_next_move_before_any_moves(
     tmp_path: Path,
 ) -> None:
     app = backend(tmp_path)
@@ -127,10 +129,27 @@ async def test_a_rank_whose_stream_is_gone_fails_the_next_move_before_any_rank_m
     await app.snapshot(job("ddp-a", first, second), deadline=time.time() + 10)
     await app.restore(job("ddp-a", first, second), deadline=time.time() + 10)
     commands = list(first.commands)
+    # Rank 1's process still runs (the agent lists its pid), its stream is gone.
+    alive = JobHandle(job="ddp-a", group="g", pids=(201, 202), workloads=(first,))
     with pytest.raises(BackendError, match=r"rank 1 \(pid 202\) no longer answers.*nothing moved"):
-        await app.snapshot(job("ddp-a", first), deadline=time.time() + 10)  # rank 1 gone
+        await app.snapshot(alive, deadline=time.time() + 10)
     assert first.commands == commands
     assert not first.offloaded
+
+
+async def test_a_rank_whose_process_exited_is_dropped_and_the_others_move_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = backend(tmp_path)
+    first, second = RankLink(201, 0), RankLink(202, 1)
+    await app.snapshot(job("ddp-a", first, second), deadline=time.time() + 10)
+    await app.restore(job("ddp-a", first, second), deadline=time.time() + 10)
+    out = await app.snapshot(job("ddp-a", first), deadline=time.time() + 10)  # 202 exited
+    assert out.bytes == 1024
+    assert first.offloaded
+    assert "rank 1 (pid 202) has exited" in caplog.text
+    back = await app.restore(job("ddp-a", first), deadline=time.time() + 10)
+    assert back.bytes == 1024
 
 
 def test_the_agent_reads_a_workloads_rank_from_its_own_environment() -> None:
