@@ -197,7 +197,7 @@ def results(processes: list[subprocess.Popen[str]], timeout: float = 90.0) -> li
     return answers
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def need_torch() -> None:
     if os.environ.get("RLSLICE_REQUIRE_TORCH") == "1":
         import torch  # noqa: F401
@@ -206,7 +206,7 @@ def need_torch() -> None:
 
 
 async def test_two_ranks_enter_every_phase_on_the_one_grant_rank_zero_asked_for(
-    sched: TestScheduler,
+    sched: TestScheduler, need_torch: None
 ) -> None:
     import asyncio
 
