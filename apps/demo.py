@@ -69,6 +69,8 @@ class JobRun:
     group: str
     cycles: int = 0
     cycle_seconds: list[float] = field(default_factory=list)
+    #: when each cycle ended, seconds after the demo's origin
+    cycle_ends: list[float] = field(default_factory=list)
     gpu_seconds: float = 0.0
     wait_seconds: float = 0.0
     switch_seconds: float = 0.0
@@ -264,6 +266,7 @@ def _run_job(
                 )
             run.cycles += 1
             run.cycle_seconds.append(time.time() - began)
+            run.cycle_ends.append(time.time() - origin)
     except Exception as error:
         run.error = f"{type(error).__name__}: {error}"
         barrier.abort()

@@ -132,8 +132,17 @@ def run_policies(args: argparse.Namespace) -> int:
 def _figures(
     policy: str, sliced: ModeRun, profiles: list[Profile], capacity: int, png: str
 ) -> dict[str, Any]:
-    """One run measured, and the simulator's prediction of it."""
-    steps = [run.mean_cycle for run in sliced.jobs]
+    """One run measured, and the simulator's prediction of it. A job's step time is the
+    simulator's: the mean cycle of those that ended within the window."""
+    from rlslice.planner.jobs import mean_step
+
+    steps = [
+        mean_step(
+            sliced.started + profile.start_offset_seconds,
+            [end for end in run.cycle_ends if end <= sliced.ended],
+        )
+        for run, profile in zip(sliced.jobs, profiles, strict=True)
+    ]
     switch_seconds = sliced.switch_seconds
     rate = sliced.moved_bytes / switch_seconds if switch_seconds > 0 else 25e9
     handoff = sliced.handoff_overhead()
@@ -150,11 +159,11 @@ def _figures(
         "jobs": [
             {
                 "job": run.job,
-                "cycles": run.cycles,
-                "step_seconds": round(run.mean_cycle, 4),
+                "cycles": sum(1 for end in run.cycle_ends if end <= sliced.ended),
+                "step_seconds": round(step, 4),
                 "predicted_step_seconds": round(job.step_seconds, 4),
             }
-            for run, job in zip(sliced.jobs, predicted.jobs, strict=True)
+            for run, step, job in zip(sliced.jobs, steps, predicted.jobs, strict=True)
         ],
         "timeline_png": png,
     }
