@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlslice._errors import InvalidArgumentError
-from rlslice.config import GroupSpec, JobSpec
+from rlslice.config import GroupSpec, JobSpec, first_error
 
 #: API group, version and plural of the resource.
 GROUP = "rlslice.dev"
@@ -198,12 +198,9 @@ _FIELD_NAMES = {
 
 def _first_error(error: ValidationError, prefix: str) -> str:
     """`<prefix><camelCase field>: <message>` for the first pydantic error."""
-    first = error.errors()[0]
-    where = [_FIELD_NAMES.get(str(part), str(part)) for part in first["loc"]]
+    loc, message = first_error(error)
+    where = [_FIELD_NAMES.get(part, part) for part in loc]
     field = prefix + ".".join(where) if where else prefix.rstrip(".")
     if prefix == "spec." and where and where[0] == "name":
         field = "metadata.name"
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if first["loc"]:  # the shared validators already name their field: say it once
-        message = message.removeprefix(f"{first['loc'][-1]}: ")
     return f"{field}: {message}"

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_core import PydanticCustomError
 
 from rlslice._ids import validate_id
 
@@ -80,6 +79,21 @@ def validate_backend(value: str, field: str = "backend") -> str:
     return value
 
 
+def first_error(error: ValidationError) -> tuple[tuple[str, ...], str]:
+    """The first error of `error` as (field path, message), for a one-line refusal.
+
+    pydantic prefixes a validator's ValueError with "Value error, " and our shared
+    validators already start with their field's name; both are dropped so the field is
+    named once, by the caller, in whatever spelling its surface uses.
+    """
+    first = error.errors()[0]
+    where = tuple(str(part) for part in first["loc"])
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if where:
+        message = message.removeprefix(f"{where[-1]}: ")
+    return where, message
+
+
 def _finite(value: float, field: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{field}: must be finite")
@@ -125,7 +139,7 @@ class PhaseSpec(BaseModel):
     @classmethod
     def _known_kind(cls, value: object) -> object:
         if value not in PHASE_KINDS:
-            raise PydanticCustomError("phase_kind", f"must be one of {', '.join(PHASE_KINDS)}")
+            raise ValueError(f"must be one of {', '.join(PHASE_KINDS)}")
         return value
 
     @field_validator("expected_seconds")
@@ -255,8 +269,6 @@ def load_group_config(path: Path) -> tuple[GroupSpec, ...]:
         try:
             specs.append(GroupSpec.model_validate(item))
         except ValidationError as error:  # one line naming the field, as PutGroup's
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            message = str(first["msg"]).removeprefix("Value error, ")
-            raise ValueError(f"{path}: groups[{index}].{where}: {message}") from None
+            where, message = first_error(error)
+            raise ValueError(f"{path}: groups[{index}].{'.'.join(where)}: {message}") from None
     return tuple(specs)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id, validate_seconds
 from rlslice.adapters.wire import group_spec_from_proto
-from rlslice.config import MAX_LEASE_SECONDS, GroupSpec
+from rlslice.config import MAX_LEASE_SECONDS, GroupSpec, first_error
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 MIN_LEASE_SECONDS = 0.1
@@ -76,9 +76,9 @@ def group_spec(request: pb.PutGroupRequest) -> GroupSpec:
     try:
         return group_spec_from_proto(request.spec)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "spec"
-        raise InvalidArgumentError(f"spec.{where}: {first['msg']}") from None
+        loc, message = first_error(error)
+        field = ".".join(("spec", *loc))
+        raise InvalidArgumentError(f"{field}: {message}") from None
 
 
 def agent(request: pb.RegisterAgentRequest) -> None:
