@@ -5,7 +5,8 @@ gets it, so the agent can drop parked state whose Release it never heard (it was
 
 After a successful RegisterAgent the link waits on the channel's connectivity (no
 polling): when the connection to the scheduler drops and a new one is made, it registers
-again, and it renews every `renew_seconds` anyway (the scheduler expires a silent agent). Failed attempts are retried with capped exponential backoff and jitter.
+again, and it renews every `renew_seconds` anyway (the scheduler expires a silent agent).
+Failed attempts are retried with capped exponential backoff and jitter.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class SchedulerLink:
         self._registered = asyncio.Event()
         self._stub: Any = None
         self._node = ""
+        self._stopping = False
+        """Set by stop(): a cancelled RPC can surface as an RpcError (CANCELLED) rather than
+        CancelledError, and the retry loop must not take it for a scheduler outage."""
 
     def start(self) -> None:
         """Begin registering in the background."""
@@ -83,6 +87,7 @@ class SchedulerLink:
             except grpc.RpcError as error:
                 details = error.details() if isinstance(error, grpc.aio.AioRpcError) else ""
                 log.info("node %s stays registered: %s", self._node, details or error)
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -94,11 +99,12 @@ class SchedulerLink:
         self._stub = stub
         delay = self._initial
         try:
-            while True:
+            while not self._stopping:
                 try:
                     request = await self._request()
                     response = await stub.RegisterAgent(request, timeout=10.0, wait_for_ready=False)
                 except grpc.RpcError as error:
+                    self._raise_if_stopping()
                     code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
                     log.info(
                         "scheduler %s: registration failed (%s); retrying in %.1fs",
@@ -128,9 +134,16 @@ class SchedulerLink:
                     await asyncio.wait_for(self._until_reconnected(channel), self._renew)
                 except TimeoutError:
                     pass  # renew: the scheduler expires an agent it has not heard from
+                self._raise_if_stopping()
         finally:
             self._stub = None
             await channel.close(None)
+
+    def _raise_if_stopping(self) -> None:
+        """Re-raise a cancellation that an RPC or wait_for turned into something else."""
+        task = asyncio.current_task()
+        if self._stopping or (task is not None and task.cancelling()):
+            raise asyncio.CancelledError
 
     @staticmethod
     async def _until_reconnected(channel: grpc.aio.Channel) -> None:
