@@ -7,7 +7,7 @@ Sources, one of:
 - `--watch GROUP --seconds S`: the scheduler's `Watch` stream of GROUP for S seconds
   (everything, however long the run; `--save-log` keeps the events for later).
 
-The profile arithmetic is `rlslice.planner.profile.profiles_from_events`; this module only
+The profile arithmetic is `rlslice.planner.profile_events.profiles_from_events`; this module only
 reads, writes and prints. The YAML is what `rlslice advise` takes (a hand-written profile
 loads the same way).
 """
@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
-    from rlslice.planner.profile import dump_profiles, profiles_from_events
+    from rlslice.planner.profile import dump_profiles
+    from rlslice.planner.profile_events import profiles_from_events
 
     try:
         events, group, source = _from_log(args) if args.from_log is not None else _watched(args)

@@ -65,8 +65,8 @@ from rlslice.planner.profile import (
     SwitchMeasurements,
     WorkloadProfile,
     load_profiles,
-    profiles_from_events,
 )
+from rlslice.planner.profile_events import profiles_from_events
 from rlslice.planner.recovery import (
     CheckpointManifest,
     RecoveryDrill,

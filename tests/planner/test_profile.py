@@ -31,8 +31,8 @@ from rlslice.planner.profile import (
     dump_profiles,
     load_profiles,
     parse_bytes,
-    profiles_from_events,
 )
+from rlslice.planner.profile_events import profiles_from_events
 
 MiB = 1 << 20
 

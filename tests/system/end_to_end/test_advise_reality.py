@@ -45,7 +45,8 @@ from rlslice.apps.demo import JobRun, Profile, _run_job, _start_cluster, _Window
 from rlslice.apps.profile import watch_events
 from rlslice.apps.trace_export import Event, event_to_dict
 from rlslice.planner.advisor import Hardware, predict_group
-from rlslice.planner.profile import WorkloadProfile, profiles_from_events
+from rlslice.planner.profile import WorkloadProfile
+from rlslice.planner.profile_events import profiles_from_events
 
 MiB = 1 << 20
 WINDOW_S = 24.0
