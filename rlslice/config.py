@@ -148,6 +148,59 @@ class PhaseSpec(BaseModel):
         return _finite(value, "expected_seconds")
 
 
+class MoveClass(enum.StrEnum):
+    """What a switch may do with one tagged part of a job's device state (issue 26).
+
+    A switch moves only what the incoming job needs, in this order: `discard` parts, then
+    `offload` parts, then `keep_if_room` parts (`rlslice.scheduler.core.parts.plan_parts`).
+    """
+
+    DISCARD = "discard"
+    """Rebuildable (a KV cache, CUDA graphs): freed, never copied; the job rebuilds it."""
+    OFFLOAD = "offload"
+    """Copied to host memory and restored when the job runs again (the default)."""
+    KEEP_IF_ROOM = "keep_if_room"
+    """Stays on the device while there is room; copied to host only as the last resort."""
+
+
+MOVE_CLASSES = tuple(kind.value for kind in MoveClass)
+MAX_PART_TAG_LENGTH = 63
+
+
+class StatePart(BaseModel):
+    """One tagged part of a job's device state on one node (the `app` backend's tags:
+    `kv_cache`, `optimizer`, `weights`, `adapters`) and what a switch may do with it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tag: str
+    """The part's name, unique within its job: printable text of 1 to 63 characters."""
+    bytes: Annotated[int, Field(ge=0)]
+    """Device bytes the part holds."""
+    move_class: MoveClass = MoveClass.OFFLOAD
+    """`discard`, `offload` (the default) or `keep_if_room`."""
+    need_order: Annotated[int, Field(ge=0)] = 0
+    """When the job needs the part once it runs again: 0 (the default) first, higher later.
+    Within a move class, the part needed last moves first, as it can come back last."""
+
+    @field_validator("tag")
+    @classmethod
+    def _printable_tag(cls, value: str) -> str:
+        if not value or len(value) > MAX_PART_TAG_LENGTH or not value.isprintable():
+            raise ValueError(
+                f"tag: {value[:MAX_PART_TAG_LENGTH]!r} must be printable text of 1 to "
+                f"{MAX_PART_TAG_LENGTH} characters"
+            )
+        return value
+
+    @field_validator("move_class", mode="before")
+    @classmethod
+    def _known_class(cls, value: object) -> object:
+        if value not in MOVE_CLASSES:
+            raise ValueError(f"move_class: must be one of {', '.join(MOVE_CLASSES)}")
+        return value
+
+
 class GroupSpec(BaseModel):
     """A group of GPUs that jobs take turns on, and how it behaves."""
 
