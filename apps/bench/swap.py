@@ -23,7 +23,8 @@ steps, swaps them (snapshot the holder, restore the other) `--swaps` times, and 
 
 The `cuda` backend is driven in-process (`CudaBackend`, as the agent would); `app` through
 a `WorkloadLink` over each worker's pipe to its `TorchOffloader`. No agent is needed.
-`python -m rlslice.apps.bench.swap --worker ...` is the worker.
+`python -m rlslice.apps.bench.swap --worker ...` is the worker (`_swap_worker`); the report
+and its targets are `_swap_report`.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rlslice.apps.bench._swap_report import _report, _Rounds, _summary, _text
 
 # Light (dataclasses only); the backends and torch are imported where used.
 from rlslice.snapshot_agent.backends.base import OffloadAction, WorkloadAnswer
 
-GiB = 1 << 30
 _ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONSAFEPATH": "1"}
 
 
@@ -207,21 +208,6 @@ def _memcpy(nbytes: int, device: int, cpu: bool) -> dict[str, float]:
     return {name: statistics.median(values[1:]) for name, values in timings.items()}
 
 
-def _summary(outcomes: list[tuple[int, float]], warmup: int) -> dict[str, Any]:
-    """Median of the moves after the first `warmup` ones (all of them when too few)."""
-    warmup = min(warmup, len(outcomes) - 1)
-    steady = outcomes[warmup:]
-    seconds = statistics.median(s for _, s in steady)
-    nbytes = int(statistics.median(b for b, _ in steady))
-    return {
-        "bytes": nbytes,
-        "seconds_median": seconds,
-        "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
-        "seconds_all": [round(s, 6) for _, s in outcomes],
-        "warmup": warmup,
-    }
-
-
 async def _alone(args: argparse.Namespace, seed: int, turns: int) -> list[str]:
     worker = await Worker.start(args, seed)
     try:
@@ -231,18 +217,6 @@ async def _alone(args: argparse.Namespace, seed: int, turns: int) -> list[str]:
         return losses
     finally:
         await worker.quit()
-
-
-@dataclass
-class _Rounds:
-    """What the swaps of one bench run measured."""
-
-    losses: dict[int, list[str]]
-    snapshots: list[tuple[int, float]] = field(default_factory=list)
-    restores: list[tuple[int, float]] = field(default_factory=list)
-    overlapped: list[float] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Reports of the side passes: the CLI comparison, the cuda copy paths."""
 
 
 def _store_dir() -> Path:
@@ -346,88 +320,6 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     return _report(args, rounds, (list(alone[0]), list(alone[1])), memcpy)
 
 
-def _report(
-    args: argparse.Namespace,
-    rounds: _Rounds,
-    alone: tuple[list[str], list[str]],
-    memcpy: dict[str, float],
-) -> dict[str, Any]:
-    snap = _summary(rounds.snapshots, warmup=2)
-    rest = _summary(rounds.restores, warmup=0)
-    pids = rounds.extra["workers"]
-    identical = {
-        "a": rounds.losses[pids["a"]] == alone[0],
-        "b": rounds.losses[pids["b"]] == alone[1],
-    }
-    report: dict[str, Any] = {
-        "backend": args.backend,
-        "gib": args.gib,
-        "swaps": args.swaps,
-        "steps_per_turn": args.steps,
-        "snapshot_d2h": snap,
-        "restore_h2d": rest,
-        "pinned_memcpy": {
-            "bytes": snap["bytes"],
-            "d2h_seconds": memcpy["d2h"],
-            "h2d_seconds": memcpy["h2d"],
-            "d2h_gb_per_s": snap["bytes"] / memcpy["d2h"] / 1e9,
-            "h2d_gb_per_s": snap["bytes"] / memcpy["h2d"] / 1e9,
-        },
-        "ratio_to_memcpy": {
-            "d2h": snap["seconds_median"] / memcpy["d2h"],
-            "h2d": rest["seconds_median"] / memcpy["h2d"],
-        },
-        "bit_identical": identical,
-        "losses_compared": {"a": len(alone[0]), "b": len(alone[1])},
-    }
-    report["targets"] = _targets(args, report, rounds, memcpy)
-    report["ok"] = all(report["targets"].values())
-    return report
-
-
-def _targets(
-    args: argparse.Namespace, report: dict[str, Any], rounds: _Rounds, memcpy: dict[str, float]
-) -> dict[str, bool]:
-    """The issue's targets this run can judge (the report gains the side passes' parts)."""
-    snap, rest = report["snapshot_d2h"], report["restore_h2d"]
-    targets = {"bit_identical": all(report["bit_identical"].values())}
-    if args.backend == "app":
-        limit = {k: 1.25 * v + 0.05 for k, v in memcpy.items()}
-        targets["app_within_1.25x_memcpy_plus_50ms"] = (
-            snap["seconds_median"] <= limit["d2h"] and rest["seconds_median"] <= limit["h2d"]
-        )
-    if (cli := rounds.extra.get("cuda_checkpoint_cli")) is not None:
-        ours = snap["seconds_median"] + rest["seconds_median"]
-        theirs = cli["snapshot_seconds_median"] + cli["restore_seconds_median"]
-        cli["speedup"] = theirs / ours if ours > 0 else None
-        report["cuda_checkpoint_cli"] = cli
-        targets["cuda_at_least_5x_faster_than_cli"] = bool(cli["speedup"] and cli["speedup"] >= 5)
-    if (paths := rounds.extra.get("cuda_copy_paths")) is not None:
-        report["cuda_copy_paths"] = paths
-        if paths["custom_storage"]:
-            ours = snap["seconds_median"] + rest["seconds_median"]
-            theirs = (
-                paths["pageable"]["snapshot_seconds_median"]
-                + paths["pageable"]["restore_seconds_median"]
-            )
-            paths["speedup"] = theirs / ours if ours > 0 else None
-            targets["cuda_custom_storage_at_least_5x_pageable"] = bool(
-                paths["speedup"] and paths["speedup"] >= 5
-            )
-    if rounds.overlapped:
-        overlapped = rounds.overlapped
-        median = statistics.median(overlapped[1:] if len(overlapped) > 1 else overlapped)
-        bound = 1.2 * max(memcpy["d2h"], memcpy["h2d"]) + 0.05
-        report["overlapped_switch"] = {
-            "seconds_median": median,
-            "seconds_all": [round(x, 6) for x in overlapped],
-            "serial_seconds": snap["seconds_median"] + rest["seconds_median"],
-            "bound_seconds": bound,
-        }
-        targets["overlapped_within_1.2x_max_memcpy_plus_50ms"] = median <= bound
-    return targets
-
-
 async def _copy_paths(
     args: argparse.Namespace, backend: Any, state_dir: Path, job: Any
 ) -> dict[str, Any]:
@@ -470,137 +362,7 @@ async def _compare_cli(args: argparse.Namespace, state_dir: Path, job: Any) -> d
     return await _move_twice(args, cli, job)
 
 
-def _text(report: dict[str, Any]) -> str:
-    snap, rest, mem = report["snapshot_d2h"], report["restore_h2d"], report["pinned_memcpy"]
-    gb = snap["bytes"] / 1e9
-    lines = [
-        f"backend {report['backend']}: {report['swaps']} swaps of {gb:.2f} GB per job",
-        f"  snapshot d2h  {snap['seconds_median'] * 1e3:9.1f} ms  {snap['gb_per_s'] or 0:6.1f} GB/s"
-        f"   memcpy {mem['d2h_seconds'] * 1e3:9.1f} ms  {mem['d2h_gb_per_s']:6.1f} GB/s",
-        f"  restore  h2d  {rest['seconds_median'] * 1e3:9.1f} ms  {rest['gb_per_s'] or 0:6.1f} GB/s"
-        f"   memcpy {mem['h2d_seconds'] * 1e3:9.1f} ms  {mem['h2d_gb_per_s']:6.1f} GB/s",
-        f"  losses bit-identical to running alone: {report['bit_identical']}",
-    ]
-    if "overlapped_switch" in report:
-        o = report["overlapped_switch"]
-        lines.append(
-            f"  overlapped switch {o['seconds_median'] * 1e3:9.1f} ms (serial "
-            f"{o['serial_seconds'] * 1e3:.1f} ms, bound {o['bound_seconds'] * 1e3:.1f} ms)"
-        )
-    if "cuda_checkpoint_cli" in report:
-        lines.append(
-            f"  cuda-checkpoint CLI: {report['cuda_checkpoint_cli']['speedup']:.1f}x slower"
-        )
-    if (paths := report.get("cuda_copy_paths")) is not None:
-        if paths["custom_storage"]:
-            lines.append(f"  pageable path (copy=driver): {paths['speedup'] or 0:.1f}x slower")
-        else:
-            lines.append(f"  custom storage: not offered here ({paths['probe']})")
-    lines += [
-        f"  target {name}: {'met' if ok else 'MISSED'}" for name, ok in report["targets"].items()
-    ]
-    return "\n".join(lines)
-
-
-# --- the worker process ---------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    """The worker's training state: a model, its Adam state, and a ballast it reads and writes."""
-
-    model: Any
-    optimizer: Any
-    ballast: Any
-    offloader: Any
-    rows: int
-    step: int = 0
-
-
-def _build(args: argparse.Namespace) -> _Job:
-    import torch
-
-    from rlslice.client.offload import TorchOffloader
-
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.manual_seed(args.seed)
-    device = torch.device("cpu" if args.cpu else f"cuda:{args.device}")
-    width = 64 if args.cpu else 2048
-    model = torch.nn.Sequential(
-        torch.nn.Linear(width, width), torch.nn.GELU(), torch.nn.Linear(width, width)
-    ).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    model_bytes = 4 * sum(p.numel() for p in model.parameters()) * 4  # params, grads, 2 moments
-    rows = max(1024, (int(args.gib * GiB) - model_bytes) // (4 * width))
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    ballast = torch.randn(rows, width, device=device, generator=generator)
-    offloader = TorchOffloader(device_type=device.type)
-    offloader.register(model, "weights")
-    offloader.register(optimizer, "optimizer")
-    offloader.register(ballast, "state")
-    return _Job(model, optimizer, ballast, offloader, rows)
-
-
-def _train(job: _Job, steps: int, batch: int = 256) -> list[str]:
-    """`steps` deterministic steps; each loss as float.hex() (bit-exact comparison)."""
-    import torch
-
-    losses = []
-    for _ in range(steps):
-        start = (job.step * 7919) % (job.rows - batch)
-        x = job.ballast[start : start + batch]
-        loss = torch.nn.functional.mse_loss(job.model(x), x.flip(1))
-        job.optimizer.zero_grad(set_to_none=False)
-        loss.backward()  # type: ignore[no-untyped-call]
-        job.optimizer.step()
-        with torch.no_grad():  # the ballast is state too: training writes it
-            job.ballast[start : start + batch].mul_(0.5).add_(job.model(x), alpha=0.5)
-        losses.append(float(loss.item()).hex())
-        job.step += 1
-    return losses
-
-
-def _move(job: _Job, request: dict[str, Any]) -> dict[str, Any]:
-    """An offload or restore command's answer."""
-    op = request["op"]
-    try:
-        if op == "offload":
-            result = job.offloader.offload(request.get("discard", []))
-        elif op == "restore":
-            result = job.offloader.restore()
-        else:
-            raise ValueError(f"unknown op {op!r}")
-    except Exception as error:
-        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
-    return {"ok": True, "bytes": result.bytes, "seconds": result.seconds}
-
-
-def _worker(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--worker", action="store_true")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--gib", type=float, required=True)
-    parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--cpu", action="store_true")
-    job = _build(parser.parse_args(argv))
-
-    def send(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
-
-    offloader = job.offloader
-    send({"pid": os.getpid(), "modes": sorted(offloader.modes), "tags": list(offloader.tags)})
-    for line in sys.stdin:
-        request = json.loads(line)
-        if request["op"] == "quit":
-            send({"ok": True})
-            return
-        if request["op"] == "train":
-            send({"losses": _train(job, request["steps"])})
-        else:
-            send(_move(job, request))
-
-
 if __name__ == "__main__":
-    _worker(sys.argv[1:])
+    from rlslice.apps.bench._swap_worker import main
+
+    main(sys.argv[1:])
