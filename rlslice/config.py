@@ -1,4 +1,4 @@
-"""Typed configuration shared by the components: group specs, TLS and tokens.
+"""Typed configuration shared by the components: group specs, state parts, TLS and tokens.
 
 Pure pydantic, so the operator, the scheduler and the standalone config file share one
 schema. Conversions live at the adapters: `rlslice.adapters.wire` for the protobuf form of a
