@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.scheduler._runtime import EventEntry
-from rlslice.scheduler.core import GroupState, Location, YieldReason, actions, order
+from rlslice.scheduler.core import GroupState, JobRecord, Location, YieldReason, actions, order
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 _JOB_STATE = {
@@ -24,6 +24,61 @@ _YIELD_REASON = {
     YieldReason.PREEMPTED: pb.YIELD_REASON_PREEMPTED,
     YieldReason.TRAIN_WAITING: pb.YIELD_REASON_TRAIN_WAITING,
 }
+
+#: Each `GroupState` field the wire carries -> the `GroupStatus` fields that show it.
+WIRE_CARRIES: Mapping[str, tuple[str, ...]] = {
+    "spec": ("spec",),
+    "jobs": ("jobs",),
+    "holder": ("holder",),
+    "holder_since": ("holder_since",),
+    "queue": ("queue",),
+    "placement": ("resident", "parked", "jobs.state", "jobs.reason"),
+    "epoch": ("epoch",),
+    "switch": ("phase",),
+    "switches": ("switches",),
+    "last_switch_seconds": ("last_switch_seconds",),
+}
+#: Each `GroupState` field the wire leaves out on purpose -> why.
+WIRE_OMITS: Mapping[str, str] = {
+    "yield_requested_at": "the lease timer's; a KeepAlive answer says to yield",
+    "preempted": "bookkeeping of which late Yield to accept",
+    "last_switch_at": "the metrics' and the timeline's (ring events carry times)",
+    "prefetched": "a prefetched job shows as resident",
+    "unfit": "remembers one skipped prefetch; the ring's PrefetchSkipped event says so",
+    "fencing": "internal until fenced: no grant happens meanwhile (phase stays as is)",
+    "acknowledged": "guards against a late LostGrant; nothing a reader acts on",
+}
+#: Each `JobRecord` field the wire carries -> its `JobStatus` field.
+JOB_WIRE_CARRIES: Mapping[str, str] = {
+    "name": "job",
+    "expires_at": "lease_expires_at",
+    "device_bytes": "device_bytes",
+    "held_seconds": "held_seconds",
+    "last_served_at": "last_served_at",
+    "phase": "phase",
+}
+#: Each `JobRecord` field the wire leaves out on purpose -> why.
+JOB_WIRE_OMITS: Mapping[str, str] = {
+    "lease_id": "the lease's handle is the job's own; others must not renew it",
+    "secret_hash": "never leaves the scheduler",
+    "lease_seconds": "expires_at says when the lease lapses",
+    "priority": "scheduling input from the spec or the job's Register",
+    "weight": "scheduling input from the spec or the job's Register",
+    "session": "the deadlock check's; identifies a client instance",
+}
+
+
+def _check_covered(kind: str, fields: Collection[str], *said: Collection[str]) -> None:
+    covered = set().union(*said)
+    if covered != set(fields):
+        raise TypeError(  # pragma: no cover - a developer's mistake, caught by any import
+            f"the wire form of {kind} and its fields disagree: "
+            f"{sorted(covered.symmetric_difference(fields))}"
+        )
+
+
+_check_covered("GroupState", GroupState.__slots__, WIRE_CARRIES, WIRE_OMITS)
+_check_covered("JobRecord", JobRecord.__slots__, JOB_WIRE_CARRIES, JOB_WIRE_OMITS)
 
 
 def keepalive_response(

@@ -12,7 +12,8 @@ from operator import attrgetter
 from typing import Any
 
 from rlslice.config import GroupSpec
-from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core import GroupState, JobRecord, PlacementMap, Switch, Waiter
+from rlslice.scheduler.core.placement import place
 
 #: Seconds over which `busy_fraction` is measured.
 BUSY_WINDOW_SECONDS = 60.0
@@ -40,9 +41,23 @@ _WAITER = attrgetter(*Waiter.__slots__)
 _JOB_WIDTH = len(JobRecord.__slots__)
 _WAITER_WIDTH = len(Waiter.__slots__)
 _SWITCH = attrgetter(*Switch.__slots__)
+# Every state field but the spec (which an entry names by version), in slots order: a new
+# `GroupState` field is recorded as it is, unpacked in place. Those below are packed.
+_STATE_FIELDS = GroupState.__slots__[1:]
+_STATE = attrgetter(*_STATE_FIELDS)
+_JOBS_AT = _STATE_FIELDS.index("jobs")
+_QUEUE_AT = _STATE_FIELDS.index("queue")
+_PLACEMENT_AT = _STATE_FIELDS.index("placement")
+_SWITCH_AT = _STATE_FIELDS.index("switch")
+_PREEMPTED_AT = _STATE_FIELDS.index("preempted")
+#: Entry fields before the state's: seq, time, group, kind, job, detail, seconds, bytes,
+#: spec version.
+_HEAD = 9
+_VERSION_AT = 8
 
 #: One packed ring entry: the event's own fields, the spec's version in the ring, then the
-#: state's fields other than the spec, with jobs, queue, switch and preempted packed too.
+#: state's fields other than the spec, with jobs, queue, placement, switch and preempted
+#: packed.
 Packed = tuple[Any, ...]
 
 
@@ -116,38 +131,19 @@ class EventRing:
         if state.queue is not self._queue:
             self._queue = state.queue
             self._queue_packed = tuple(chain.from_iterable(map(_WAITER, state.queue)))
+        values = list(_STATE(state))
+        values[_JOBS_AT] = self._jobs_packed
+        values[_QUEUE_AT] = self._queue_packed
+        values[_PLACEMENT_AT] = _pack_placement(state.placement)
         switch = state.switch
+        values[_SWITCH_AT] = None if switch is None else _SWITCH(switch)
         preempted = state.preempted
+        values[_PREEMPTED_AT] = tuple(sorted(preempted)) if preempted else ()
         entries = self._entries
         entries.append(
-            (
-                seq,
-                time,
-                state.spec.name,
-                kind,
-                job,
-                detail,
-                seconds,
-                nbytes,
-                self._version,
-                self._jobs_packed,
-                state.holder,
-                state.holder_since,
-                self._queue_packed,
-                state.resident,
-                state.parked,
-                tuple(state.faulted.items()) if state.faulted else (),
-                state.epoch,
-                None if switch is None else _SWITCH(switch),
-                state.yield_requested_at,
-                tuple(sorted(preempted)) if preempted else (),
-                state.switches,
-                state.last_switch_seconds,
-                state.last_switch_at,
-                state.fencing,
-            )
+            (seq, time, state.spec.name, kind, job, detail, seconds, nbytes, self._version, *values)
         )
-        oldest = entries[0][8]
+        oldest = entries[0][_VERSION_AT]
         if len(self._specs) > 1 and oldest > min(self._specs):
             for version in [v for v in self._specs if v < oldest]:
                 del self._specs[version]
@@ -170,26 +166,23 @@ def _chunks(flat: tuple[Any, ...], width: int) -> Iterator[tuple[Any, ...]]:
     return (flat[i : i + width] for i in range(0, len(flat), width))
 
 
+def _pack_placement(placement: PlacementMap) -> tuple[Any, ...]:
+    """The three views, faulted flattened (job, reason, job, ...): two tuples deep."""
+    faulted = placement.faulted
+    flat = tuple(chain.from_iterable(faulted.items())) if faulted else ()
+    return (placement.resident, placement.parked, flat)
+
+
 def _unpack(p: Packed, specs: Mapping[int, GroupSpec]) -> EventEntry:
-    switch = p[17]
-    state = GroupState(
-        spec=specs[p[8]],
-        jobs={j[0]: JobRecord(*j) for j in _chunks(p[9], _JOB_WIDTH)},
-        holder=p[10],
-        holder_since=p[11],
-        queue=tuple(Waiter(*w) for w in _chunks(p[12], _WAITER_WIDTH)),
-        resident=p[13],
-        parked=p[14],
-        faulted=dict(p[15]),
-        epoch=p[16],
-        switch=None if switch is None else Switch(*switch),
-        yield_requested_at=p[18],
-        preempted=frozenset(p[19]),
-        switches=p[20],
-        last_switch_seconds=p[21],
-        last_switch_at=p[22],
-        fencing=p[23],
-    )
+    values = list(p[_HEAD:])
+    values[_JOBS_AT] = {j[0]: JobRecord(*j) for j in _chunks(values[_JOBS_AT], _JOB_WIDTH)}
+    values[_QUEUE_AT] = tuple(Waiter(*w) for w in _chunks(values[_QUEUE_AT], _WAITER_WIDTH))
+    resident, parked, faulted = values[_PLACEMENT_AT]
+    values[_PLACEMENT_AT] = place(resident, parked, dict(_chunks(faulted, 2)))
+    switch = values[_SWITCH_AT]
+    values[_SWITCH_AT] = None if switch is None else Switch(*switch)
+    values[_PREEMPTED_AT] = frozenset(values[_PREEMPTED_AT])
+    state = GroupState(specs[p[_VERSION_AT]], *values)
     return EventEntry(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], state)
 
 
