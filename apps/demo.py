@@ -8,7 +8,8 @@ job has its own group and device, time-sliced both share group `shared` on devic
 capacity holds one job's state: every switch really freezes a worker and copies its bytes.
 
 It prints a progress line while it runs, then a table, writes a timeline PNG, and prints as
-its last line one JSON object with the figures.
+its last line one JSON object with the figures. What a run measured is `demo_runs`; the
+table, the PNG and the figures are `demo_report`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlslice.apps.demo_report import _print_table, _summary, _write_timeline
+from rlslice.apps.demo_runs import JobRun, MiB, ModeRun, Profile
 from rlslice.apps.harness import (
     Service,
     child_env,
@@ -33,115 +36,6 @@ from rlslice.apps.harness import (
     wait_serving,
 )
 from rlslice.apps.worker_pipe import WorkerPipe
-
-MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Profile:
-    """One job's cycle: GPU rollout, CPU reward scoring, GPU training (seconds)."""
-
-    # GPU 1.68 s of a 4 s cycle: a dedicated GPU is busy 42% of the time, what large RL
-    # fleets report; two such jobs can fill one GPU to at most 84%, less the switches.
-    rollout_seconds: float = 1.05
-    score_seconds: float = 2.32
-    train_seconds: float = 0.63
-    state_mib: int = 256
-    #: data preparation on the CPU after training (0: none, the default job)
-    prepare_seconds: float = 0.0
-    #: seconds after the window opens that the job starts its first cycle
-    start_offset_seconds: float = 0.0
-
-    @property
-    def gpu_seconds(self) -> float:
-        return self.rollout_seconds + self.train_seconds
-
-    @property
-    def cycle_seconds(self) -> float:
-        return self.gpu_seconds + self.score_seconds + self.prepare_seconds
-
-
-@dataclass
-class JobRun:
-    """What one job's driver measured."""
-
-    job: str
-    group: str
-    cycles: int = 0
-    cycle_seconds: list[float] = field(default_factory=list)
-    #: when each cycle ended, seconds after the demo's origin
-    cycle_ends: list[float] = field(default_factory=list)
-    gpu_seconds: float = 0.0
-    wait_seconds: float = 0.0
-    switch_seconds: float = 0.0
-    moved_bytes: int = 0
-    intervals: list[tuple[str, float, float, str]] = field(default_factory=list)
-    switches: list[tuple[float, float, int]] = field(default_factory=list)
-    checksums: list[int] = field(default_factory=list)
-    error: str = ""
-
-    @property
-    def mean_cycle(self) -> float:
-        return sum(self.cycle_seconds) / len(self.cycle_seconds) if self.cycle_seconds else 0.0
-
-
-@dataclass
-class ModeRun:
-    """A dedicated or time-sliced run of all jobs."""
-
-    mode: str
-    jobs: list[JobRun]
-    started: float
-    ended: float
-
-    @property
-    def wall(self) -> float:
-        return max(self.ended - self.started, 1e-9)
-
-    def gpu_seconds(self, job: JobRun) -> float:
-        """Seconds `job` ran GPU phases inside the measured window."""
-        lo, hi = self.started, self.ended
-        return sum(
-            max(0.0, min(end, hi) - max(start, lo))
-            for _, start, end, kind in job.intervals
-            if kind.startswith("gpu")
-        )
-
-    def busy_fraction(self) -> float:
-        """GPU busy fraction over the window: GPU-phase seconds / wall seconds, per GPU."""
-        busy = sum(self.gpu_seconds(j) for j in self.jobs) / self.wall
-        return busy / len(self.jobs) if self.mode == "dedicated" else busy
-
-    @property
-    def switches(self) -> int:
-        return sum(len(j.switches) for j in self.jobs)
-
-    def handoff_overhead(self) -> float:
-        """Mean seconds of each switch's handoff beyond the switch itself: from the moment
-        the group was free and wanted (the outgoing job's GPU phase ended, or the incoming
-        job asked, whichever came last) to the switch's start. That is the Yield and
-        Acquire round trips and the drivers' and workers' pipes, which the scheduler's
-        `switch_seconds` does not count; the simulator takes it as its per-switch
-        `overhead_s`."""
-        ends = sorted(
-            end for job in self.jobs for _, _, end, kind in job.intervals if kind.startswith("gpu")
-        )
-        gaps = []
-        for job in self.jobs:
-            asks = {round(end, 6): start for _, start, end, kind in job.intervals if kind == "wait"}
-            for switch_start, granted, _ in job.switches:
-                asked = asks.get(round(granted, 6), switch_start)
-                freed = max((end for end in ends if end <= switch_start), default=switch_start)
-                gaps.append(max(0.0, switch_start - max(freed, asked)))
-        return sum(gaps) / len(gaps) if gaps else 0.0
-
-    @property
-    def switch_seconds(self) -> float:
-        return sum(j.switch_seconds for j in self.jobs)
-
-    @property
-    def moved_bytes(self) -> int:
-        return sum(j.moved_bytes for j in self.jobs)
 
 
 @dataclass
@@ -522,105 +416,3 @@ def run(args: argparse.Namespace) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary))
     return 0
-
-
-def _write_timeline(sliced: ModeRun, path: Path, origin: float) -> str:
-    from rlslice.planner.timeline import SwitchMarker, TimelineInterval, plot_timeline
-
-    offset = sliced.started
-    lanes = [
-        TimelineInterval(job, start - offset, end - offset, kind)
-        for run in sliced.jobs
-        for job, start, end, kind in run.intervals
-        if end - offset >= 0
-    ]
-    switches = [
-        SwitchMarker(start - offset, end - offset, moved_bytes=moved)
-        for run in sliced.jobs
-        for start, end, moved in run.switches
-    ]
-    plot_timeline(lanes, path, switches=switches, title="rlslice demo: time-sliced on one GPU")
-    return str(path)
-
-
-def _summary(dedicated: ModeRun, sliced: ModeRun, profile: Profile, png: str) -> dict[str, Any]:
-    per_job = []
-    for d, s in zip(dedicated.jobs, sliced.jobs, strict=True):
-        per_job.append(
-            {
-                "job": d.job,
-                "dedicated_cycles": d.cycles,
-                "sliced_cycles": s.cycles,
-                "dedicated_mean_cycle_seconds": round(d.mean_cycle, 3),
-                "sliced_mean_cycle_seconds": round(s.mean_cycle, 3),
-                "slowdown": round(s.mean_cycle / d.mean_cycle, 3) if d.mean_cycle else None,
-            }
-        )
-    return {
-        "dedicated_busy_fraction": round(dedicated.busy_fraction(), 4),
-        "sliced_busy_fraction": round(sliced.busy_fraction(), 4),
-        "gpus_dedicated": len(dedicated.jobs),
-        "gpus_sliced": 1,
-        "switches": sliced.switches,
-        "switch_seconds_total": round(sliced.switch_seconds, 3),
-        "handoff_overhead_seconds": round(sliced.handoff_overhead(), 4),
-        "moved_bytes": sliced.moved_bytes,
-        "state_bytes_per_job": profile.state_mib * MiB,
-        "profile": {
-            "rollout_seconds": profile.rollout_seconds,
-            "score_seconds": profile.score_seconds,
-            "train_seconds": profile.train_seconds,
-            "device_capacity_bytes": profile.state_mib * MiB * 3 // 2,
-        },
-        "seconds_per_run": round(sliced.wall, 2),
-        "jobs": per_job,
-        "timeline_png": png,
-    }
-
-
-def _print_table(dedicated: ModeRun, sliced: ModeRun, summary: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(stderr=False)
-    jobs = Table(title="Jobs: dedicated GPUs vs one time-sliced GPU")
-    for column in (
-        "job",
-        "cycles (ded.)",
-        "cycles (sliced)",
-        "mean cycle s (ded.)",
-        "mean cycle s (sliced)",
-        "slowdown",
-    ):
-        jobs.add_column(column, justify="right")
-    for row in summary["jobs"]:
-        jobs.add_row(
-            row["job"],
-            str(row["dedicated_cycles"]),
-            str(row["sliced_cycles"]),
-            f"{row['dedicated_mean_cycle_seconds']:.2f}",
-            f"{row['sliced_mean_cycle_seconds']:.2f}",
-            f"{row['slowdown']:.2f}x" if row["slowdown"] else "-",
-        )
-    console.print(jobs)
-    totals = Table(title="GPU use")
-    totals.add_column("")
-    totals.add_column("dedicated", justify="right")
-    totals.add_column("time-sliced", justify="right")
-    totals.add_row("GPUs", str(len(dedicated.jobs)), "1")
-    totals.add_row(
-        "GPU busy fraction",
-        f"{summary['dedicated_busy_fraction']:.2f}",
-        f"{summary['sliced_busy_fraction']:.2f}",
-    )
-    totals.add_row("switches", str(dedicated.switches), str(sliced.switches))
-    totals.add_row(
-        "seconds switching", f"{dedicated.switch_seconds:.2f}", f"{sliced.switch_seconds:.2f}"
-    )
-    totals.add_row(
-        "bytes moved",
-        f"{dedicated.moved_bytes / MiB:.0f} MiB",
-        f"{sliced.moved_bytes / MiB:.0f} MiB",
-    )
-    console.print(totals)
-    console.print(f"timeline: {summary['timeline_png']}")

@@ -22,15 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.demo import (
-    MiB,
-    ModeRun,
-    Profile,
-    _Progress,
-    _run_mode,
-    _start_cluster,
-    _write_timeline,
-)
+from rlslice.apps.demo import _Progress, _run_mode, _start_cluster
+from rlslice.apps.demo_report import _write_timeline
+from rlslice.apps.demo_runs import MiB, ModeRun, Profile
 
 #: Real seconds between the jobs' first cycles (the simulator offsets them alike).
 OFFSET_STEP_S = 0.15

@@ -55,6 +55,8 @@ OWNERS: dict[str, Alternatives] = {
     "rlslice.planner": (("planner",),),
     "rlslice.testing": (("scheduler", "agent"),),
     "rlslice.apps.demo_worker": (COMMANDS["demo"].extras,),
+    "rlslice.apps.demo_runs": (COMMANDS["demo"].extras,),
+    "rlslice.apps.demo_report": (COMMANDS["demo"].extras,),
     "rlslice.apps.demo_policies": (COMMANDS["demo"].extras,),  # `demo --jobs 3 --policy`
     "rlslice.apps.harness": (("scheduler", "agent"),),  # the demo's and benches' processes
     "rlslice.apps.bench": (COMMANDS["bench"].extras,),

@@ -41,7 +41,8 @@ from statistics import median
 import pytest
 import yaml
 
-from rlslice.apps.demo import JobRun, Profile, _run_job, _start_cluster, _Window
+from rlslice.apps.demo import _run_job, _start_cluster, _Window
+from rlslice.apps.demo_runs import JobRun, Profile
 from rlslice.apps.profile import watch_events
 from rlslice.apps.trace_export import Event, event_to_dict
 from rlslice.planner.advisor import Hardware, predict_group
