@@ -6,7 +6,15 @@ from collections.abc import Collection, Mapping, Sequence
 
 from rlslice.adapters.wire import group_spec_to_proto
 from rlslice.scheduler._runtime import EventEntry
-from rlslice.scheduler.core import GroupState, JobRecord, Location, YieldReason, actions, order
+from rlslice.scheduler.core import (
+    GroupState,
+    JobRecord,
+    Location,
+    SwitchKind,
+    YieldReason,
+    actions,
+    order,
+)
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 _JOB_STATE = {
@@ -96,7 +104,7 @@ def keepalive_response(
 def phase(state: GroupState) -> str:
     """ "Idle", "Held", "Switching" or "Degraded" (some job is FAULTED). A prefetch beside
     the holder is not a switch: the group is held meanwhile."""
-    if state.switch is not None and state.switch.purpose == "grant":
+    if state.switch is not None and state.switch.purpose == SwitchKind.GRANT:
         return "Switching"
     if state.faulted:
         return "Degraded"

@@ -12,7 +12,14 @@ from operator import attrgetter
 from typing import Any
 
 from rlslice.config import GroupSpec
-from rlslice.scheduler.core import GroupState, JobRecord, PlacementMap, Switch, Waiter
+from rlslice.scheduler.core import (
+    GroupState,
+    JobRecord,
+    PlacementMap,
+    Switch,
+    SwitchKind,
+    Waiter,
+)
 from rlslice.scheduler.core.placement import place
 
 #: Seconds over which `busy_fraction` is measured.
@@ -41,6 +48,9 @@ _WAITER = attrgetter(*Waiter.__slots__)
 _JOB_WIDTH = len(JobRecord.__slots__)
 _WAITER_WIDTH = len(Waiter.__slots__)
 _SWITCH = attrgetter(*Switch.__slots__)
+# A switch's purpose is packed as its value: an enum member is an object the collector
+# tracks, and one would keep its whole entry tracked.
+_PURPOSE_AT = Switch.__slots__.index("purpose")
 # Every state field but the spec (which an entry names by version), in slots order: a new
 # `GroupState` field is recorded as it is, unpacked in place. Those below are packed.
 _STATE_FIELDS = GroupState.__slots__[1:]
@@ -136,7 +146,7 @@ class EventRing:
         values[_QUEUE_AT] = self._queue_packed
         values[_PLACEMENT_AT] = _pack_placement(state.placement)
         switch = state.switch
-        values[_SWITCH_AT] = None if switch is None else _SWITCH(switch)
+        values[_SWITCH_AT] = None if switch is None else _pack_switch(switch)
         preempted = state.preempted
         values[_PREEMPTED_AT] = tuple(sorted(preempted)) if preempted else ()
         entries = self._entries
@@ -166,6 +176,12 @@ def _chunks(flat: tuple[Any, ...], width: int) -> Iterator[tuple[Any, ...]]:
     return (flat[i : i + width] for i in range(0, len(flat), width))
 
 
+def _pack_switch(switch: Switch) -> tuple[Any, ...]:
+    packed = _SWITCH(switch)
+    at = _PURPOSE_AT
+    return (*packed[:at], switch.purpose.value, *packed[at + 1 :])
+
+
 def _pack_placement(placement: PlacementMap) -> tuple[Any, ...]:
     """The three views, faulted flattened (job, reason, job, ...): two tuples deep."""
     faulted = placement.faulted
@@ -180,7 +196,10 @@ def _unpack(p: Packed, specs: Mapping[int, GroupSpec]) -> EventEntry:
     resident, parked, faulted = values[_PLACEMENT_AT]
     values[_PLACEMENT_AT] = place(resident, parked, dict(_chunks(faulted, 2)))
     switch = values[_SWITCH_AT]
-    values[_SWITCH_AT] = None if switch is None else Switch(*switch)
+    if switch is not None:
+        fields = list(switch)
+        fields[_PURPOSE_AT] = SwitchKind(fields[_PURPOSE_AT])
+        values[_SWITCH_AT] = Switch(*fields)
     values[_PREEMPTED_AT] = frozenset(values[_PREEMPTED_AT])
     state = GroupState(specs[p[_VERSION_AT]], *values)
     return EventEntry(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], state)

@@ -14,8 +14,8 @@
    with `Restore` at the rollback epoch if any fails), then `Restore` the incoming job.
 5. Report SwitchDone; the engine grants.
 
-A prefetch (`Switch.purpose` "prefetch") is planned by `core.moves.plan_prefetch` (the
-holder is never evicted for it) and executed the same way; when it cannot fit the
+A prefetch (`Switch.purpose` is `SwitchKind.PREFETCH`) is planned by
+`core.moves.plan_prefetch` (the holder is never evicted for it) and executed the same way; when it cannot fit the
 coordinator says so (PrefetchSkipped) and nothing moves. An unprefetch parks a prefetched
 waiter that left (`core.moves.plan_park`).
 
@@ -44,7 +44,7 @@ from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
 from rlslice.scheduler.clock import LoopClock
-from rlslice.scheduler.core import GroupState, Switch, agent_liveness, events
+from rlslice.scheduler.core import GroupState, Switch, SwitchKind, agent_liveness, events
 from rlslice.scheduler.core.membership import group_nodes
 from rlslice.scheduler.core.moves import (
     JobReport,
@@ -285,9 +285,9 @@ class Coordinator:
         record = state.jobs.get(switch.incoming)
         need = Need(switch.incoming, record.device_bytes if record else 0, switch.restore)
         plan: MovePlan | None
-        if switch.purpose == "unprefetch":
+        if switch.purpose == SwitchKind.UNPREFETCH:
             plan = plan_park(switch.incoming, reports)
-        elif switch.purpose == "prefetch":
+        elif switch.purpose == SwitchKind.PREFETCH:
             holding = state.jobs.get(state.holder) if state.holder is not None else None
             plan = plan_prefetch(
                 need,

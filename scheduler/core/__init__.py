@@ -17,7 +17,7 @@ from rlslice.scheduler.core.machine import (
 from rlslice.scheduler.core.placement import Location, Placement, PlacementMap
 from rlslice.scheduler.core.policies import AGING_PER_SECOND, order, pick, pick_next
 from rlslice.scheduler.core.residency import NodeMemory, choose_evictions, fits
-from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core.state import GroupState, JobRecord, Switch, SwitchKind, Waiter
 from rlslice.scheduler.core.yields import YieldReason, early_yield_for, yield_reason
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Placement",
     "PlacementMap",
     "Switch",
+    "SwitchKind",
     "Transition",
     "WaitEdge",
     "Waiter",

@@ -31,6 +31,7 @@ from rlslice.scheduler.core.state import (
     GroupState,
     JobRecord,
     Switch,
+    SwitchKind,
     Waiter,
 )
 from rlslice.scheduler.core.yields import keepalive_answer
@@ -175,7 +176,7 @@ def _acquire(tx: _Tx, e: ev.Acquire) -> None:
         tx.record(Kind.QUEUED, e.job, "rejoined")
         _serve(tx)
         return
-    if s.switch is not None and s.switch.incoming == e.job and s.switch.purpose == "grant":
+    if s.switch is not None and s.switch.incoming == e.job and s.switch.purpose == SwitchKind.GRANT:
         if s.switch.ticket is not None:
             raise AlreadyExistsError(f"job: {e.job!r} is already waiting for group {s.name!r}")
         tx.set(switch=replace(s.switch, ticket=e.ticket, detached=False))
@@ -330,7 +331,7 @@ def _prefetch(tx: _Tx) -> None:
         return
     stale = next((j for j in s.prefetched if j != s.holder and s.waiter(j) is None), None)
     if stale is not None:
-        _launch(tx, _side_switch(s, stale, "unprefetch", tx.now, evict=(stale,)))
+        _launch(tx, _side_switch(s, stale, SwitchKind.UNPREFETCH, tx.now, evict=(stale,)))
         return
     if s.holder is None:
         return
@@ -340,14 +341,14 @@ def _prefetch(tx: _Tx) -> None:
     if waiter.job in s.faulted or s.unfit == (s.holder, waiter.job):
         return
     candidates = tuple(j for j in s.resident if j not in (s.holder, waiter.job))
-    switch = _side_switch(s, waiter.job, "prefetch", waiter.since, candidates=candidates)
+    switch = _side_switch(s, waiter.job, SwitchKind.PREFETCH, waiter.since, candidates=candidates)
     _launch(tx, replace(switch, phase=waiter.phase, started_at=tx.now))
 
 
 def _side_switch(
     s: GroupState,
     job: str,
-    purpose: str,
+    purpose: SwitchKind,
     since: float,
     *,
     evict: tuple[str, ...] = (),
@@ -360,7 +361,7 @@ def _side_switch(
         waited_since=since,
         evict=evict,
         candidates=candidates,
-        restore=purpose == "prefetch",
+        restore=purpose == SwitchKind.PREFETCH,
         epoch=s.epoch + 1,
         rollback_epoch=s.epoch + 2,
         attempt=1,
@@ -403,8 +404,8 @@ def _start_switch(
 def _launch(tx: _Tx, switch: Switch) -> None:
     tx.set(switch=switch, epoch=max(tx.s.epoch, switch.rollback_epoch))
     tx.emit(a.StartSwitch(switch))
-    if switch.purpose != "grant":
-        detail = "started" if switch.purpose == "prefetch" else "undoing"
+    if switch.purpose != SwitchKind.GRANT:
+        detail = "started" if switch.purpose == SwitchKind.PREFETCH else "undoing"
         tx.record(Kind.PREFETCH, switch.incoming, detail)
         return
     detail = f"attempt {switch.attempt}"
@@ -439,7 +440,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     if switch is None:
         return
     _record_moves(tx, e)
-    if switch.purpose != "grant":
+    if switch.purpose != SwitchKind.GRANT:
         _side_switch_done(tx, switch, e)
         return
     _park(tx, e.evicted)
@@ -488,10 +489,10 @@ def _side_switch_done(tx: _Tx, switch: Switch, e: ev.SwitchDone) -> None:
     _park(tx, e.evicted)
     job = switch.incoming
     s = tx.s
-    if switch.purpose == "prefetch" and job in s.jobs:
+    if switch.purpose == SwitchKind.PREFETCH and job in s.jobs:
         _place_resident(tx, job)
         tx.set(prefetched=(*(j for j in s.prefetched if j != job), job))
-    detail = "done" if switch.purpose == "prefetch" else "undone"
+    detail = "done" if switch.purpose == SwitchKind.PREFETCH else "undone"
     tx.set(switch=None)
     tx.record(Kind.PREFETCH, job, detail, seconds=e.seconds, nbytes=e.moved_bytes)
     _serve(tx)
@@ -503,7 +504,7 @@ def _side_switch_failed(tx: _Tx, switch: Switch, reason: str, evicted: tuple[str
     _park(tx, evicted)
     s = tx.s
     changes: dict[str, Any] = {"switch": None}
-    if switch.purpose == "unprefetch":
+    if switch.purpose == SwitchKind.UNPREFETCH:
         changes["prefetched"] = tuple(j for j in s.prefetched if j != switch.incoming)
     elif s.holder is not None:
         changes["unfit"] = (s.holder, switch.incoming)
@@ -523,7 +524,7 @@ def _snapshot_failed(tx: _Tx, e: ev.SnapshotFailed | ev.SwitchFailed) -> None:
     switch = _current_switch(tx.s, e.epoch)
     if switch is None:
         return
-    if switch.purpose != "grant":
+    if switch.purpose != SwitchKind.GRANT:
         _side_switch_failed(tx, switch, f"failed: {e.reason}", ())
         return
     tx.set(switch=None)
@@ -552,7 +553,7 @@ def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
     switch = _current_switch(tx.s, e.epoch)
     if switch is None:
         return
-    if switch.purpose != "grant":
+    if switch.purpose != SwitchKind.GRANT:
         _side_switch_failed(tx, switch, f"failed: {e.reason}", e.evicted)
         return
     _park(tx, e.evicted)

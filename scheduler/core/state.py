@@ -9,6 +9,7 @@ through the views `resident` (least recently used first), `parked` and `faulted`
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -54,6 +55,18 @@ class Waiter:
     """False after a scheduler restart until the job's client calls Acquire again."""
 
 
+class SwitchKind(enum.StrEnum):
+    """What a switch is for (`Switch.purpose`); stored and shown as its value."""
+
+    GRANT = "grant"
+    """End in a grant to `incoming`."""
+    PREFETCH = "prefetch"
+    """Restore `incoming` (the head waiter) beside the holder before it yields; no grant,
+    the holder never evicted."""
+    UNPREFETCH = "unprefetch"
+    """Park `incoming` again (a prefetched waiter left)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Switch:
     """A switch in flight: evict some jobs, restore `incoming`, then grant it."""
@@ -82,10 +95,8 @@ class Switch:
     """A scheduler restart cut the incoming job's call off: the switch still ends in a grant
     to it (the job was served before the restart; its re-issued Acquire finds it holding),
     unless the call comes back first and takes `ticket` again."""
-    purpose: str = "grant"
-    """"grant": end in a grant to `incoming`. "prefetch": restore `incoming` (the head
-    waiter) beside the holder before it yields; no grant, the holder never evicted.
-    "unprefetch": park `incoming` again (a prefetched waiter left)."""
+    purpose: SwitchKind = SwitchKind.GRANT
+    """What the switch is for: a grant, a prefetch or an unprefetch (see `SwitchKind`)."""
     fence: tuple[str, ...] = ()
     """Jobs whose lease lapsed while they held the group (in `evict` too): snapshotted on
     every node before the grant, never rolled back; released once fenced."""

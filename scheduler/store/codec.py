@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlslice.config import GroupSpec
-from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core import GroupState, JobRecord, Switch, SwitchKind, Waiter
 
 #: Bump when the encoded shape changes incompatibly.
 SCHEMA_VERSION = 1
@@ -44,6 +44,7 @@ def _encode_switch(switch: Switch | None) -> dict[str, Any] | None:
     if switch is None:
         return None
     data = _fields(switch, _SWITCH_FIELDS)
+    data["purpose"] = switch.purpose.value
     for name in _SWITCH_TUPLES:
         data[name] = list(data[name])
     return data
@@ -52,7 +53,8 @@ def _encode_switch(switch: Switch | None) -> dict[str, Any] | None:
 def _decode_switch(data: dict[str, Any] | None) -> Switch | None:
     if data is None:
         return None
-    return Switch(**{**data, **{name: tuple(data.get(name, ())) for name in _SWITCH_TUPLES}})
+    tuples = {name: tuple(data.get(name, ())) for name in _SWITCH_TUPLES}
+    return Switch(**{**data, **tuples, "purpose": SwitchKind(data.get("purpose", "grant"))})
 
 
 def _pair(value: Any) -> tuple[str, str] | None:

@@ -19,7 +19,7 @@ import pytest
 from rlslice.config import GroupSpec, JobSpec, Policy
 from rlslice.scheduler import _proto
 from rlslice.scheduler._runtime import EventRing
-from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core import GroupState, JobRecord, Switch, SwitchKind, Waiter
 from rlslice.scheduler.store.codec import decode_group, encode_group
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
@@ -64,7 +64,7 @@ def _full_state() -> GroupState:
         preempted_since=3.0,
         phase="train",
         detached=True,
-        purpose="prefetch",
+        purpose=SwitchKind.PREFETCH,
         fence=("e",),
     )
     return GroupState(
@@ -109,6 +109,8 @@ def _assert_same(got: GroupState, want: GroupState) -> None:
     for name in GroupState.__slots__:
         assert getattr(got, name) == getattr(want, name), name
     assert got == want
+    if got.switch is not None:
+        assert type(got.switch.purpose) is SwitchKind
 
 
 def test_the_full_state_sets_every_field_to_something_other_than_its_default() -> None:
