@@ -21,6 +21,9 @@ grow chunk by chunk as that memory frees, never above capacity minus the headroo
 bytes are still leaving. A journal written before anything is freed lets an interrupted
 swap (an agent killed half-way) give every freed chunk back from the parked copy.
 
+The paced copies live in `_simcopy`, the swap's copies in `_simswap` and its async side in
+`_simswapping`.
+
 Options (agent level, from `SimSettings`; `rate_gbps`, `out_gbps`, `in_gbps`, `link_gbps`
 and `overhead_seconds` may also come per group through the job's options): devices,
 capacity_bytes, rate_gbps, out_gbps, in_gbps, link_gbps, chunk_bytes, overhead_seconds,
@@ -30,17 +33,25 @@ root.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from rlslice.snapshot_agent.backends import _freeze, _simfs, _simswap
+from rlslice.snapshot_agent.backends._simcopy import (
+    CHUNK,
+    Link,
+    Pacer,
+    copy_paced,
+    discard,
+    in_thread,
+)
+from rlslice.snapshot_agent.backends._simswapping import SwappingMixin
 from rlslice.snapshot_agent.backends.base import (
     BackendContext,
     BackendError,
@@ -51,12 +62,9 @@ from rlslice.snapshot_agent.backends.base import (
     MoveOutcome,
     OptionsError,
     ProbeResult,
-    SwapError,
-    SwapOutcome,
 )
 
 GiB = 1 << 30
-_CHUNK = 64 << 20
 DEFAULT_ROOT = "/dev/shm/rlslice-sim"
 
 
@@ -73,129 +81,7 @@ def _float(options: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
-class _Link:
-    """A node's host link, full duplex: each direction paced at its own rate, both under an
-    optional shared cap. A copy reserves its bytes before it runs and waits out what is
-    left of its reservation after; concurrent copies in one direction queue behind each
-    other, copies in opposite directions do not (unless the shared cap binds)."""
-
-    def __init__(self, out_gbps: float, in_gbps: float, shared_gbps: float = 0.0) -> None:
-        self._rates = {"out": out_gbps * 1e9, "in": in_gbps * 1e9}
-        self._shared = shared_gbps * 1e9
-        self._free = {"out": 0.0, "in": 0.0}
-        self._shared_free = 0.0
-        self._lock = threading.Lock()
-
-    def reserve(self, direction: str, nbytes: int, after: float | None = None) -> float:
-        """`time.perf_counter()` time by which `nbytes` more in `direction` may be done.
-
-        `after`: when the copy's previous chunk was due (None: its first chunk starts now).
-        A copy paced from its own schedule, not from the moment each chunk is asked for,
-        takes bytes / rate however late a sleep wakes up."""
-        with self._lock:
-            now = time.perf_counter()
-            start = now if after is None else min(now, after)
-            until = start
-            rate = self._rates[direction]
-            if rate > 0:
-                until = max(start, self._free[direction]) + nbytes / rate
-                self._free[direction] = until
-            if self._shared > 0:
-                shared = max(start, self._shared_free) + nbytes / self._shared
-                self._shared_free = shared
-                until = max(until, shared)
-            return until
-
-
-class _Pacer:
-    """Paces one copy on the link; stops it past the deadline or when the waiting coroutine
-    is cancelled (or, in a swap, when another half failed)."""
-
-    def __init__(
-        self,
-        link: _Link,
-        direction: str,
-        deadline: float,
-        abort: threading.Event | None = None,
-        chunk: int = _CHUNK,
-    ) -> None:
-        self._link, self._direction = link, direction
-        self.chunk = chunk
-        self.deadline = deadline
-        self.cancelled = threading.Event()
-        self._abort = abort
-        self._until: float | None = None
-
-    def check(self) -> None:
-        if self.cancelled.is_set():
-            raise TimeoutError("the move was cancelled")
-        if self._abort is not None and self._abort.is_set():
-            raise _Aborted("another half of the switch failed")
-        if time.time() > self.deadline:
-            raise TimeoutError("the copy ran past the deadline")
-
-    def reserve(self, nbytes: int) -> None:
-        """Before copying `nbytes`: book them on the link."""
-        self.check()
-        self._until = self._link.reserve(self._direction, nbytes, self._until)
-
-    def wait(self) -> None:
-        """After the copy: wait out the rest of its booking."""
-        self.check()
-        wait = (self._until or 0.0) - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-
-
-class _Aborted(Exception):
-    """A half of a swap stopped because another half failed."""
-
-
-async def _in_thread(fn: Callable[[], int], pacer: _Pacer) -> int:
-    """Run a copy in a thread. A cancelled caller stops the copy and waits for the thread,
-    so nothing touches the job's files once this returns or raises."""
-    future = asyncio.ensure_future(asyncio.to_thread(fn))
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        pacer.cancelled.set()
-        await asyncio.wait([future])
-        raise
-
-
-def _copy(source: Path, target_fd: int, size: int, pacer: _Pacer, done: int) -> int:
-    """Copy `size` bytes of `source` into `target_fd` from offset 0; return bytes done.
-
-    copy_file_range keeps the bytes in the kernel: no mapping of the job's memory here."""
-    source_fd = os.open(source, os.O_RDONLY)
-    try:
-        offset = 0
-        while offset < size:
-            step = min(pacer.chunk, size - offset)
-            pacer.reserve(step)
-            _simswap.copy_range(source_fd, target_fd, offset, offset + step, source.name)
-            offset += step
-            done += step
-            pacer.wait()
-    finally:
-        os.close(source_fd)
-    return done
-
-
-def _discard(folder: Path) -> None:
-    """Remove `folder` off the caller's path: rename it aside now, free its pages later."""
-    if not folder.exists():
-        return
-    trash = folder.with_name(f".trash-{folder.name}-{time.monotonic_ns()}")
-    try:
-        folder.rename(trash)
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
-        return
-    threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
-
-
-class SimBackend:
+class SimBackend(SwappingMixin):
     """Emulated devices with a capacity and a copy rate; jobs really frozen and copied."""
 
     name: ClassVar[str] = "sim"
@@ -210,9 +96,9 @@ class SimBackend:
         self._out = _float(options, "out_gbps", self._rate)
         self._in = _float(options, "in_gbps", self._rate)
         self._shared = _float(options, "link_gbps", 0.0)
-        self._chunk = max(4096, int(_float(options, "chunk_bytes", _CHUNK)))
+        self._chunk = max(4096, int(_float(options, "chunk_bytes", CHUNK)))
         self._overhead = _float(options, "overhead_seconds", 0.0)
-        self._links: dict[tuple[float, float, float], _Link] = {}
+        self._links: dict[tuple[float, float, float], Link] = {}
         self._links_lock = threading.Lock()
         for leftover in (self.node_dir / _simfs.PARKED_DIR).glob(".trash-*"):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -301,7 +187,7 @@ class SimBackend:
 
     # -- moves -------------------------------------------------------------------------
 
-    def _rates(self, job: JobHandle) -> tuple[_Link, float]:
+    def _rates(self, job: JobHandle) -> tuple[Link, float]:
         """The link the job's copies share (per rates: a group may set its own) and the
         fixed cost of each move."""
         rate = _float(job.options, "rate_gbps", -1.0)
@@ -309,7 +195,7 @@ class SimBackend:
         into = _float(job.options, "in_gbps", rate if rate >= 0 else self._in)
         shared = _float(job.options, "link_gbps", self._shared)
         with self._links_lock:
-            link = self._links.setdefault((out, into, shared), _Link(out, into, shared))
+            link = self._links.setdefault((out, into, shared), Link(out, into, shared))
         return link, _float(job.options, "overhead_seconds", self._overhead)
 
     async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
@@ -321,10 +207,10 @@ class SimBackend:
             _freeze.resume(job.pids)
             raise BackendError(f"snapshot of job {job.job}: {error}") from None
         park = _simfs.parked_dir(self.node_dir, job.job)
-        pacer = _Pacer(link, "out", deadline, chunk=self._chunk)
+        pacer = Pacer(link, "out", deadline, chunk=self._chunk)
         try:
             buffers = _simfs.job_buffers(self.node_dir, job.job)
-            moved = await _in_thread(lambda: self._save(park, buffers, pacer), pacer)
+            moved = await in_thread(lambda: self._save(park, buffers, pacer), pacer)
         except BaseException as error:
             if self._manifest(job.job) is None:  # not committed: roll back
                 shutil.rmtree(park, ignore_errors=True)
@@ -335,7 +221,7 @@ class SimBackend:
         await asyncio.sleep(overhead)
         return MoveOutcome(moved, time.perf_counter() - started)
 
-    def _save(self, park: Path, buffers: list[_simfs.BufferFile], pacer: _Pacer) -> int:
+    def _save(self, park: Path, buffers: list[_simfs.BufferFile], pacer: Pacer) -> int:
         shutil.rmtree(park, ignore_errors=True)
         park.mkdir(parents=True, mode=0o700)
         done = 0
@@ -345,7 +231,7 @@ class SimBackend:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 if buffer.size:
-                    done = _copy(buffer.path, fd, buffer.size, pacer, done)
+                    done = copy_paced(buffer.path, fd, buffer.size, pacer, done)
             finally:
                 os.close(fd)
             entries.append({"name": buffer.path.name, "device": buffer.device, "size": buffer.size})
@@ -367,9 +253,9 @@ class SimBackend:
         entries = manifest.get("buffers")
         if not isinstance(entries, list):
             raise BackendError(f"restore of job {job.job}: damaged manifest")
-        pacer = _Pacer(link, "in", deadline, chunk=self._chunk)
+        pacer = Pacer(link, "in", deadline, chunk=self._chunk)
         try:
-            moved = await _in_thread(lambda: self._load(job.job, entries, pacer), pacer)
+            moved = await in_thread(lambda: self._load(job.job, entries, pacer), pacer)
         except DeviceMemoryError as error:
             raise DeviceMemoryError(f"restore of job {job.job}: {error}") from error
         except (OSError, TimeoutError, KeyError, ValueError) as error:
@@ -378,10 +264,10 @@ class SimBackend:
         # The parked copy is gone from the manifest's point of view: resume, then clean up
         # (freeing the copy's pages is the kernel's work, done off the switch's path).
         _freeze.resume(job.pids)
-        _discard(_simfs.parked_dir(self.node_dir, job.job))
+        discard(_simfs.parked_dir(self.node_dir, job.job))
         return MoveOutcome(moved, time.perf_counter() - started)
 
-    def _load(self, job: str, entries: list[dict[str, object]], pacer: _Pacer) -> int:
+    def _load(self, job: str, entries: list[dict[str, object]], pacer: Pacer) -> int:
         folder = self.node_dir / _simfs.JOBS_DIR / job
         park = _simfs.parked_dir(self.node_dir, job)
         wanted: dict[int, list[tuple[Path, int]]] = {}
@@ -400,7 +286,7 @@ class SimBackend:
                         continue
                     fd = os.open(path, os.O_WRONLY)
                     try:
-                        done = _copy(park / (path.name + ".bin"), fd, size, pacer, done)
+                        done = copy_paced(park / (path.name + ".bin"), fd, size, pacer, done)
                     finally:
                         os.close(fd)
             pacer.check()
@@ -430,126 +316,6 @@ class SimBackend:
                 os.truncate(path, size)
                 grown.append(path)
 
-    async def swap(
-        self,
-        outgoing: Sequence[JobHandle],
-        incoming: JobHandle | None,
-        *,
-        headroom_bytes: int,
-        deadline: float,
-    ) -> SwapOutcome:
-        """One node's half of an overlapped switch (see `_simswap`): the outgoing jobs'
-        copies out and the incoming job's copy in run at once on the duplex link, incoming
-        bytes admitted as outgoing bytes free. All or nothing: a failed half stops the
-        others, the incoming job's grown memory is given back (it stays parked) and every
-        outgoing job gets its bytes back and runs on; then SwapError names the half."""
-        entries = self._parked_entries(incoming) if incoming is not None else []
-        stopped = await _stop_all(outgoing, deadline)
-        abort = threading.Event()
-        admission = _simswap.Admission(len(outgoing), abort)
-        pacers: list[_Pacer] = []
-        works = self._swap_works(
-            outgoing, incoming, entries, headroom_bytes, admission, pacers, deadline
-        )
-        futures = [asyncio.ensure_future(asyncio.to_thread(work)) for work, _ in works]
-        try:
-            results = await asyncio.shield(asyncio.gather(*futures, return_exceptions=True))
-        except asyncio.CancelledError:
-            admission.stop()
-            for pacer in pacers:
-                pacer.cancelled.set()
-            await asyncio.gather(*futures, return_exceptions=True)
-            await self._undo_swap(outgoing, incoming, stopped)
-            raise
-        halves = [(job.job, "snapshot") for job in outgoing]
-        if incoming is not None:
-            halves.append((incoming.job, "restore"))
-        failed = [
-            (half, result)
-            for half, result in zip(halves, results, strict=True)
-            if isinstance(result, BaseException)
-        ]
-        if failed:
-            await self._undo_swap(outgoing, incoming, stopped)
-            raise _swap_error(failed)
-        if incoming is not None:
-            (_simfs.parked_dir(self.node_dir, incoming.job) / _simfs.MANIFEST).unlink()
-        await asyncio.sleep(max((overhead for _, overhead in works), default=0.0))
-        outcomes = [r for r in results if not isinstance(r, BaseException)]
-        if incoming is not None:
-            _freeze.resume(incoming.pids)
-            _discard(_simfs.parked_dir(self.node_dir, incoming.job))
-        moves = tuple(MoveOutcome(nbytes, seconds) for nbytes, seconds in outcomes)
-        return SwapOutcome(
-            outgoing=moves[: len(outgoing)],
-            incoming=moves[-1] if incoming is not None else None,
-            overlapped=admission.overlapped,
-        )
-
-    def _parked_entries(self, incoming: JobHandle) -> list[dict[str, object]]:
-        """The buffers of the incoming job's parked copy (SwapError when it has none)."""
-        manifest = self._manifest(incoming.job)
-        found = manifest.get("buffers") if manifest is not None else None
-        if not isinstance(found, list):
-            why = "no parked copy on this node" if manifest is None else "damaged manifest"
-            error = BackendError(f"restore of job {incoming.job}: {why}")
-            raise SwapError(incoming.job, "restore", error)
-        return found
-
-    def _swap_works(
-        self,
-        outgoing: Sequence[JobHandle],
-        incoming: JobHandle | None,
-        entries: list[dict[str, object]],
-        headroom_bytes: int,
-        admission: _simswap.Admission,
-        pacers: list[_Pacer],
-        deadline: float,
-    ) -> list[tuple[Callable[[], tuple[int, float]], float]]:
-        """Each half's copy (to run in a thread) and its overhead seconds, outgoing first;
-        their pacers are added to `pacers`."""
-        works: list[tuple[Callable[[], tuple[int, float]], float]] = []
-        for job in outgoing:
-            link, overhead = self._rates(job)
-            pacer = _Pacer(link, "out", deadline, admission.abort, self._chunk)
-            pacers.append(pacer)
-            buffers = _simfs.job_buffers(self.node_dir, job.job)
-            work = functools.partial(
-                _simswap.save_freeing, self.node_dir, job.job, buffers, pacer, admission
-            )
-            works.append((_timed(work, admission), overhead))
-        if incoming is not None:
-            link, overhead = self._rates(incoming)
-            pacer = _Pacer(link, "in", deadline, admission.abort, self._chunk)
-            pacers.append(pacer)
-            totals = {d.index: d.total_bytes for d in self.devices_table}
-            work = functools.partial(
-                _simswap.load_admitted,
-                self.node_dir,
-                totals,
-                incoming.job,
-                entries,
-                pacer,
-                admission,
-                headroom_bytes,
-            )
-            works.append((_timed(work, admission), overhead))
-        return works
-
-    async def _undo_swap(
-        self,
-        outgoing: Sequence[JobHandle],
-        incoming: JobHandle | None,
-        stopped: Mapping[str, tuple[int, ...]],
-    ) -> None:
-        if incoming is not None:  # its manifest stands: it stays parked, its memory goes back
-            for buffer in _simfs.job_buffers(self.node_dir, incoming.job):
-                if buffer.size:
-                    os.truncate(buffer.path, 0)
-        for job in outgoing:
-            pids = stopped.get(job.job, ())
-            await asyncio.to_thread(_simswap.undo_snapshot, self.node_dir, job.job, pids)
-
     async def release(self, job: JobHandle) -> int:
         park = _simfs.parked_dir(self.node_dir, job.job)
         freed = sum(p.stat().st_size for p in park.glob("*.bin")) if park.exists() else 0
@@ -562,51 +328,6 @@ class SimBackend:
             # processes must not stay frozen for ever, or they could never exit.
             _freeze.resume(job.pids)
         return freed
-
-
-async def _stop_all(outgoing: Sequence[JobHandle], deadline: float) -> dict[str, tuple[int, ...]]:
-    """Stop every outgoing job's processes (job -> the pids stopped); on a timeout resume
-    every one stopped so far and raise SwapError naming the job."""
-    stopped: dict[str, tuple[int, ...]] = {}
-    for job in outgoing:
-        try:
-            stopped[job.job] = tuple(await _freeze.stop(job.pids, deadline=deadline))
-        except TimeoutError as error:
-            _freeze.resume(job.pids)
-            for pids in stopped.values():
-                _freeze.resume(pids)
-            failure = BackendError(f"snapshot of job {job.job}: {error}")
-            raise SwapError(job.job, "snapshot", failure) from None
-    return stopped
-
-
-def _timed(
-    work: Callable[[], int], admission: _simswap.Admission
-) -> Callable[[], tuple[int, float]]:
-    """`work` returning (its result, its seconds); a failure stops the other halves."""
-
-    def run() -> tuple[int, float]:
-        begun = time.perf_counter()
-        try:
-            return work(), time.perf_counter() - begun
-        except BaseException:
-            admission.stop()
-            raise
-
-    return run
-
-
-def _swap_error(failed: list[tuple[tuple[str, str], BaseException]]) -> SwapError:
-    """The SwapError for the halves that failed: the first that failed on its own (not
-    stopped because another did), named as `<move> of job <job>: <cause>`."""
-    (job_name, move), cause = next((f for f in failed if not isinstance(f[1], _Aborted)), failed[0])
-    if isinstance(cause, BackendError):
-        reported = type(cause)(f"{move} of job {job_name}: {cause}")
-    elif isinstance(cause, OSError | TimeoutError | KeyError | ValueError | _Aborted):
-        reported = BackendError(f"{move} of job {job_name}: {cause}")
-    else:
-        raise cause
-    return SwapError(job_name, move, reported)
 
 
 def _size_of(path: Path) -> int:

@@ -30,7 +30,7 @@ import pytest
 
 from rlslice.snapshot_agent import AgentSettings, RunningAgent, start_agent
 from rlslice.snapshot_agent.backends import _simfs, _simswap
-from rlslice.snapshot_agent.backends.sim import _Link
+from rlslice.snapshot_agent.backends._simcopy import Link
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
 
@@ -216,7 +216,7 @@ async def test_refusals_change_nothing(
 
 
 def test_the_link_paces_each_direction_on_its_own_and_a_shared_cap_binds_both() -> None:
-    duplex = _Link(out_gbps=1.0, in_gbps=1.0)
+    duplex = Link(out_gbps=1.0, in_gbps=1.0)
     now = time.perf_counter()
     out = duplex.reserve("out", 10**9)
     into = duplex.reserve("in", 10**9)
@@ -225,7 +225,7 @@ def test_the_link_paces_each_direction_on_its_own_and_a_shared_cap_binds_both() 
     assert into - now == pytest.approx(1.0, abs=0.05)  # the other direction does not queue
     assert again - now == pytest.approx(2.0, abs=0.05)  # the same direction does
 
-    capped = _Link(out_gbps=1.0, in_gbps=1.0, shared_gbps=1.0)
+    capped = Link(out_gbps=1.0, in_gbps=1.0, shared_gbps=1.0)
     now = time.perf_counter()
     capped.reserve("out", 10**9)
     assert capped.reserve("in", 10**9) - now == pytest.approx(2.0, abs=0.05)
