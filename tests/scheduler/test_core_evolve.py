@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rlslice.config import GroupSpec, Policy
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
-from rlslice.scheduler.core.machine import _evolve
+from rlslice.scheduler.core._tx import _evolve
 
 BASE = GroupState(
     spec=GroupSpec(name="g"),
