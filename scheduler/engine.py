@@ -4,9 +4,10 @@ It owns what the core must not: the clock, asyncio futures for blocked acquires,
 per group set at the group's next deadline (never a polling loop), the event ring,
 persistence after every accepted event (a grant or switch start committed before it takes
 effect), and the coordinator that executes switches. What changes for reasons of its own
-lives beside it: the lease index (`_leases.py`), the watch fan-out (`_watch.py`) and what
-transitions mean for the metrics (`_engine_metrics.py`). It speaks rlslice errors, not
-gRPC: `service.py` translates.
+lives beside it: the lease index (`_leases.py`), the watch fan-out (`_watch.py`), what
+transitions mean for the metrics (`_engine_metrics.py`), and persisting and executing
+what a transition decided (`_execution.py`, which `Engine` inherits). It speaks rlslice
+errors, not gRPC: `service.py` translates.
 
 Every public method runs on the loop thread; `_apply` is synchronous, so a transition, its
 persistence and its actions happen without interleaving.
@@ -18,9 +19,8 @@ import asyncio
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from rlslice._errors import (
     AbortedError,
@@ -30,6 +30,7 @@ from rlslice._errors import (
 )
 from rlslice.config import GroupSpec
 from rlslice.scheduler import _engine_metrics as metered
+from rlslice.scheduler._execution import STORE_RETRY_SECONDS, _Execution, _must_persist
 from rlslice.scheduler._leases import LeaseIndex, hash_secret
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
 from rlslice.scheduler._waits import WaitIndex, actor
@@ -40,7 +41,6 @@ from rlslice.scheduler.core import (
     Deadlock,
     GroupState,
     actions,
-    deadline,
     events,
     new_group,
     step,
@@ -48,11 +48,7 @@ from rlslice.scheduler.core import (
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.state import JobRecord, Switch
 from rlslice.scheduler.metrics import SchedulerMetrics
-from rlslice.scheduler.store import AgentRecord, Store, StoreError
-
-#: Seconds before an internal event (a timer, a switch's result) whose transition the store
-#: could not persist is applied again.
-STORE_RETRY_SECONDS = 0.5
+from rlslice.scheduler.store import AgentRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +83,7 @@ class Registration:
     epoch: int
 
 
-class Engine:
+class Engine(_Execution):
     """Every group's state and the machinery around it."""
 
     def __init__(
@@ -442,247 +438,5 @@ class Engine:
             self._check_waiters(runtime)
         return transition.actions
 
-    def _persist(
-        self, before: GroupState, after: GroupState, done: tuple[actions.Action, ...]
-    ) -> bool:
-        """Save `after`; a transition that grants or starts a switch is committed first.
-        With a sync `commit` (SQLite, memory), when the store cannot take it nothing
-        changes: UnavailableError names the store (callers retry; internal events are
-        applied again later). With an async `commit_group` (Kubernetes) the write cannot
-        finish inside this call: True, and `_apply` holds those actions back until it has
-        (`_commit_then`)."""
-        self.store.save_group(after)
-        if not any(_must_persist(action) for action in done):
-            self._note_store()
-            return False
-        commit = getattr(self.store, "commit", None)
-        if commit is None:
-            if getattr(self.store, "commit_group", None) is not None:
-                return True
-            self._note_store()
-            return False
-        try:
-            commit()
-        except StoreError as error:
-            self.store.save_group(before)  # the newest state to write is the old one again
-            self._store_refused(after.name, error)
-            raise UnavailableError(_refusal(error, "nothing changed")) from None
-        self.metrics.store_healthy.set(1)
-        return False
 
-    def _store_refused(self, group: str, error: StoreError) -> None:
-        self.metrics.store_refusals.inc()
-        self.metrics.store_healthy.set(0)
-        log.warning("group %s: refused, the store cannot persist it: %s", group, error)
-
-    async def _commit_then(self, runtime: GroupRuntime, held: tuple[actions.Action, ...]) -> None:
-        """Await the store's write of the group, then let the held grants and switches take
-        effect. When the write fails: each held grant's caller fails UNAVAILABLE (naming
-        the store) and the grant is given back; each held switch fails before it moved
-        anything."""
-        name = runtime.state.name
-        commit: Callable[[str], Awaitable[None]] = self.store.commit_group  # type: ignore[attr-defined]
-        try:
-            await commit(name)
-        except StoreError as error:
-            self._store_refused(name, error)
-            if self.groups.get(name) is runtime and not self._closed:
-                self._undo_held(runtime, held, _refusal(error, "not granted"))
-            return
-        self._note_store()  # still unhealthy while the store refuses another group for good
-        if self.groups.get(name) is not runtime or self._closed:
-            return
-        followups: list[events.Event] = []
-        for action in held:
-            if self._still_due(runtime, action):
-                self._execute(runtime, action, self.clock(), followups)
-        for followup in followups:
-            if self.groups.get(name) is runtime:
-                self._apply(runtime, followup)
-
-    def _still_due(self, runtime: GroupRuntime, action: actions.Action) -> bool:
-        """Whether a held grant or switch may still take effect now that it is stored:
-        later events (a lapse, a cancel, a deletion) may have overtaken it meanwhile."""
-        state = runtime.state
-        if isinstance(action, actions.StartSwitch):
-            return state.switch is not None and state.switch.epoch == action.switch.epoch
-        if not isinstance(action, actions.Grant):
-            return True
-        if state.holder == action.job and state.epoch == action.epoch:
-            if action.ticket is None or action.ticket in runtime.calls:
-                return True
-            self.lost_grant(state.name, action.job, action.epoch)  # its caller left meanwhile
-            return False
-        future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
-        if future is not None and not future.done():
-            future.set_exception(UnavailableError("grant overtaken while it was stored; retry"))
-        return False
-
-    def _undo_held(
-        self, runtime: GroupRuntime, held: tuple[actions.Action, ...], message: str
-    ) -> None:
-        for action in held:
-            if isinstance(action, actions.Grant):
-                future = runtime.calls.pop(action.ticket, None) if action.ticket else None
-                if future is not None and not future.done():
-                    future.set_exception(UnavailableError(message))
-                undo: events.Event = events.LostGrant(action.job, action.epoch)
-            elif isinstance(action, actions.StartSwitch):
-                undo = events.SwitchFailed(action.switch.epoch, message, UnavailableError)
-            else:  # pragma: no cover - only grants and switches are held
-                continue
-            try:
-                self._apply(runtime, undo)
-            except UnavailableError as error:
-                log.warning("group %s: undoing an unwritten change: %s", runtime.state.name, error)
-
-    def _note_store(self) -> None:
-        self.metrics.store_healthy.set(0 if getattr(self.store, "error", None) else 1)
-
-    def _execute(
-        self,
-        runtime: GroupRuntime,
-        action: actions.Action,
-        now: float,
-        followups: list[events.Event],
-    ) -> None:
-        metered.count_action(self.metrics, runtime.state.name, action)
-        if isinstance(action, actions.Grant):
-            # No ticket: a switch resumed after a restart; the job's next Acquire finds it holding.
-            future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
-            if future is not None and not future.done():
-                future.set_result(action)
-        elif isinstance(action, actions.Fail):
-            future = runtime.calls.pop(action.ticket, None)
-            if future is not None and not future.done():
-                future.set_exception(action.kind(action.reason))
-        elif isinstance(action, actions.StartSwitch):
-            if not self.runner.nodes_for(runtime.state.spec):
-                # No agents: nothing to move, the switch is a pure lock handoff.
-                followups.append(events.SwitchDone(action.switch.epoch))
-            else:
-                runtime.switch_task = self._spawn(self._run_switch(runtime, action.switch))
-        elif isinstance(action, actions.ReleaseState):
-            if self.runner.nodes_for(runtime.state.spec):
-                release = self.runner.release(runtime.state.spec, action.job, action.force)
-                self._spawn(self._after_switch(runtime, release))
-        elif isinstance(action, actions.HoldEnded):
-            runtime.busy.add(now - action.seconds, now)
-        elif isinstance(action, actions.Record):
-            self._record(runtime, action)
-
-    def _record(self, runtime: GroupRuntime, record: actions.Record) -> None:
-        state = runtime.state
-        metered.count_record(self.metrics, state.name, record)
-        seq, now, kind = next(self._seq), self.clock(), record.kind.value
-        runtime.ring.add(
-            seq, now, kind, record.job, record.detail, record.seconds, record.bytes, state
-        )
-        if self._watch.wanted(runtime):
-            entry = EventEntry(
-                seq, now, state.name, kind, record.job, record.detail, record.seconds,
-                record.bytes, state,
-            )  # fmt: skip
-            self._watch.publish(runtime, entry)
-
-    def _drop_group(self, runtime: GroupRuntime, done: tuple[actions.Action, ...]) -> None:
-        name = runtime.state.name
-        followups: list[events.Event] = []
-        for action in done:
-            self._execute(runtime, action, self.clock(), followups)
-        if runtime.timer is not None:
-            runtime.timer.cancel()
-        self._leases.drop_group(runtime.state)
-        self._watch.end(runtime)
-        del self.groups[name]
-        self.waits.update(runtime.state, None)
-        self.store.delete_group(name)
-        self.metrics.forget_group(name)
-        self.metrics.groups.set(len(self.groups))
-
-    def _schedule(self, runtime: GroupRuntime) -> None:
-        """Keep one timer per group at its next deadline. A later deadline keeps the earlier
-        timer (it fires, finds nothing due and re-arms): cheaper than re-arming on every
-        keep-alive."""
-        due = deadline(runtime.state)
-        if due is None or self._closed:
-            return
-        if runtime.timer is not None and runtime.timer_at is not None and runtime.timer_at <= due:
-            return
-        if runtime.timer is not None:
-            runtime.timer.cancel()
-        loop = asyncio.get_running_loop()
-        runtime.timer_at = due
-        # One clock: the timer fires at the very loop time the state's deadline names.
-        runtime.timer = loop.call_at(self.clock.loop_time(due), self._fire, runtime)
-
-    def _fire(self, runtime: GroupRuntime) -> None:
-        runtime.timer = None
-        runtime.timer_at = None
-        if self.groups.get(runtime.state.name) is not runtime:
-            return
-        try:
-            self._apply(runtime, events.Tick())
-        except UnavailableError:
-            # The store cannot persist what the tick would do: nothing changed; try again.
-            if not self._closed:
-                loop = asyncio.get_running_loop()
-                runtime.timer_at = self.clock() + STORE_RETRY_SECONDS
-                runtime.timer = loop.call_at(
-                    self.clock.loop_time(runtime.timer_at), self._fire, runtime
-                )
-
-    async def _run_switch(self, runtime: GroupRuntime, switch: Switch) -> None:
-        try:
-            result = await self.runner.run_switch(runtime.state, switch)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # a bug in the coordinator must not wedge the group
-            log.exception("switch of group %s failed unexpectedly", runtime.state.name)
-            result = events.SwitchFailed(switch.epoch, f"internal error: {error!r}")
-        while self.groups.get(runtime.state.name) is runtime and not self._closed:
-            try:
-                self._apply(runtime, result)
-                return
-            except UnavailableError:
-                # Not persisted, so not granted: the result is applied once the store is back.
-                await asyncio.sleep(STORE_RETRY_SECONDS)
-
-    async def _after_switch(
-        self, runtime: GroupRuntime, release: Coroutine[Any, Any, None]
-    ) -> None:
-        """Release a job's state once the group's switch in flight has ended: a switch
-        planned before the job left could still snapshot it, parking state that nobody
-        would ever free (and freezing its processes for good). A switch still held for its
-        store write (`_commit_then`) starts when that lands: wait for the writes first."""
-        if runtime.commits:
-            await asyncio.wait(set(runtime.commits))
-        switch = runtime.switch_task
-        if switch is not None and not switch.done():
-            await asyncio.wait({switch})
-        await release
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    def _busy_fractions(self) -> Iterator[tuple[str, float]]:
-        now = self.clock()
-        for name, runtime in list(self.groups.items()):
-            holding = runtime.state.holder_since if runtime.state.holder else None
-            yield name, runtime.busy.fraction(now, holding)
-
-
-def _refusal(error: StoreError, outcome: str) -> str:
-    return f"store: {error}; the scheduler grants nothing it cannot persist ({outcome}; retry)"
-
-
-def _must_persist(action: actions.Action) -> bool:
-    """Whether the transition emitting `action` must be durable before it takes effect: a
-    grant (the fencing token a job may pass on), or a switch that moves state (a resumed
-    one was persisted before the restart)."""
-    if isinstance(action, actions.Grant):
-        return True
-    return isinstance(action, actions.StartSwitch) and not action.resume
+__all__ = ["STORE_RETRY_SECONDS", "Engine", "Registration", "SwitchRunner"]
