@@ -17,11 +17,11 @@ from rlslice._errors import UnavailableError
 from rlslice.scheduler import _engine_metrics as metered
 from rlslice.scheduler._leases import LeaseIndex
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
-from rlslice.scheduler._waits import WaitIndex
 from rlslice.scheduler._watch import WatchHub
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import GroupState, actions, deadline, events
 from rlslice.scheduler.core.state import Switch
+from rlslice.scheduler.core.waits import WaitIndex
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.store import Store, StoreError
 

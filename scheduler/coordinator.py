@@ -278,7 +278,7 @@ class Coordinator(_Moving):
 
     async def agent_jobs(self, spec: GroupSpec) -> dict[str, list[tuple[str, str]]]:
         """The (job, group) pairs each node of the group knows; nodes that did not answer
-        are left out (see `rlslice.scheduler.registration`)."""
+        are left out (see `rlslice.scheduler.core.registration`)."""
         statuses = await self._statuses(self.nodes_for(spec))
         return {node: [(j.job, j.group) for j in s.jobs] for node, s in statuses.items()}
 

@@ -33,9 +33,7 @@ from rlslice.scheduler import _engine_metrics as metered
 from rlslice.scheduler._execution import STORE_RETRY_SECONDS, _Execution, _must_persist
 from rlslice.scheduler._leases import LeaseIndex, hash_secret
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
-from rlslice.scheduler._waits import WaitIndex, actor
 from rlslice.scheduler._watch import WatchHub
-from rlslice.scheduler.capacity import register_refusal
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import (
     Deadlock,
@@ -46,7 +44,9 @@ from rlslice.scheduler.core import (
     step,
 )
 from rlslice.scheduler.core.actions import Kind
+from rlslice.scheduler.core.capacity import register_refusal
 from rlslice.scheduler.core.state import JobRecord, Switch
+from rlslice.scheduler.core.waits import WaitIndex, actor
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.store import AgentRecord, Store
 

@@ -20,10 +20,10 @@ from rlslice.adapters.auth import Role
 from rlslice.adapters.grpc_errors import abort_with, answer
 from rlslice.adapters.server import method_roles
 from rlslice.config import GroupSpec
-from rlslice.scheduler import _proto, _validate, registration
+from rlslice.scheduler import _proto, _validate
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler.coordinator import Coordinator
-from rlslice.scheduler.core import GroupState, YieldReason, yield_reason
+from rlslice.scheduler.core import GroupState, YieldReason, registration, yield_reason
 from rlslice.scheduler.core.spec_change import jobs_off_device, node_change_refusal
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.store import AgentRecord

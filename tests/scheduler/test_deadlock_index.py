@@ -1,4 +1,4 @@
-"""The engine's wait index across groups (`scheduler._waits`), fed with group states.
+"""The engine's wait index across groups (`scheduler.core.waits`), fed with group states.
 
 Cases: whom a group's waiters wait on (the holder; the job a switch brings in while its
 caller waits or was detached by a restart; nobody when that caller left); `update` reports a
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlslice.config import GroupSpec
-from rlslice.scheduler._waits import WaitIndex, graph_holder
 from rlslice.scheduler.core import GroupState, Switch, Waiter
+from rlslice.scheduler.core.waits import WaitIndex, graph_holder
 
 
 def _state(

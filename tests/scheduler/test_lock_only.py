@@ -29,7 +29,7 @@ import pytest
 
 from rlslice._errors import FailedPreconditionError
 from rlslice.client import Client
-from rlslice.scheduler.registration import judge
+from rlslice.scheduler.core.registration import judge
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -1,4 +1,4 @@
-"""The scheduler's registration-time capacity rule (`rlslice.scheduler.capacity`), pure.
+"""The scheduler's registration-time capacity rule (`rlslice.scheduler.core.capacity`), pure.
 
 Cases (table): a job that declares nothing is never refused; it fits beside the others
 with the reserve; one byte too many is refused, naming the field, the job, the group and
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlslice.scheduler.capacity import register_refusal
+from rlslice.scheduler.core.capacity import register_refusal
 
 GiB = 1 << 30
 
