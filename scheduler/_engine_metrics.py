@@ -25,7 +25,7 @@ def count_record(metrics: SchedulerMetrics, group: str, record: actions.Record) 
 
 def count_action(metrics: SchedulerMetrics, group: str, action: actions.Action) -> None:
     """Count what an action tells: a grant's wait, a hold's length, a preemption."""
-    if isinstance(action, actions.Grant):
+    if isinstance(action, actions.GrantAction):
         metrics.acquire_wait.observe(action.waited_seconds)
     elif isinstance(action, actions.HoldEnded):
         metrics.add_held(group, action.seconds)

@@ -122,7 +122,7 @@ class _Execution:
         state = runtime.state
         if isinstance(action, actions.StartSwitch):
             return state.switch is not None and state.switch.epoch == action.switch.epoch
-        if not isinstance(action, actions.Grant):
+        if not isinstance(action, actions.GrantAction):
             return True
         if state.holder == action.job and state.epoch == action.epoch:
             if action.ticket is None or action.ticket in runtime.calls:
@@ -138,7 +138,7 @@ class _Execution:
         self, runtime: GroupRuntime, held: tuple[actions.Action, ...], message: str
     ) -> None:
         for action in held:
-            if isinstance(action, actions.Grant):
+            if isinstance(action, actions.GrantAction):
                 future = runtime.calls.pop(action.ticket, None) if action.ticket else None
                 if future is not None and not future.done():
                     future.set_exception(UnavailableError(message))
@@ -163,7 +163,7 @@ class _Execution:
         followups: list[events.Event],
     ) -> None:
         metered.count_action(self.metrics, runtime.state.name, action)
-        if isinstance(action, actions.Grant):
+        if isinstance(action, actions.GrantAction):
             # No ticket: a switch resumed after a restart; the job's next Acquire finds it holding.
             future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
             if future is not None and not future.done():
@@ -299,6 +299,6 @@ def _must_persist(action: actions.Action) -> bool:
     """Whether the transition emitting `action` must be durable before it takes effect: a
     grant (the fencing token a job may pass on), or a switch that moves state (a resumed
     one was persisted before the restart)."""
-    if isinstance(action, actions.Grant):
+    if isinstance(action, actions.GrantAction):
         return True
     return isinstance(action, actions.StartSwitch) and not action.resume

@@ -276,7 +276,7 @@ class Engine(_Execution):
 
     async def acquire(
         self, group: str, job: str, lease_id: str, secret: str, phase: str
-    ) -> actions.Grant:
+    ) -> actions.GrantAction:
         """Block until `job` holds `group`. A cancelled caller leaves the queue at once."""
         runtime, _ = self.job_lease(group, job, lease_id, secret)
         ticket = next(self._tickets)
@@ -297,13 +297,13 @@ class Engine(_Execution):
                 if future.done() and not future.cancelled() and future.exception() is None:
                     # Granted in the instant the caller left: give the lock back.
                     granted = future.result()
-                    assert isinstance(granted, actions.Grant)
+                    assert isinstance(granted, actions.GrantAction)
                     self.lost_grant(group, job, granted.epoch)
                 else:
                     self._abandon(group, job, ticket)
                 raise
         grant = future.result()
-        assert isinstance(grant, actions.Grant)
+        assert isinstance(grant, actions.GrantAction)
         return grant
 
     def _abandon(self, group: str, job: str, ticket: int) -> None:

@@ -136,7 +136,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             warning=warning,
         )
 
-    async def _agents_know(self, group: str, job: str) -> registration.Verdict | None:
+    async def _agents_know(self, group: str, job: str) -> registration.RegistrationVerdict | None:
         """Whether an agent of the group knows `job`; refuses a lock-only job where the group
         requires agent registration. None: the group has no agents (a pure lock)."""
         runtime = self.engine.groups.get(group)

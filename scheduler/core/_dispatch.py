@@ -181,6 +181,6 @@ def _grant(
         prefetched=tuple(j for j in s.prefetched if j != job),
     )
     _place_resident(tx, job)
-    tx.emit(a.Grant(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes))
+    tx.emit(a.GrantAction(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes))
     tx.record(Kind.GRANTED, job, phase, seconds=waited)
     _prefetch(tx)

@@ -43,7 +43,7 @@ class StartSwitch:
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class GrantAction:
     """Answer acquire `ticket` of `job`: it holds the group now. `ticket` is None for a
     switch resumed after a restart whose caller has not called again yet."""
 
@@ -109,4 +109,4 @@ class Record:
     bytes: int = 0
 
 
-Action = StartSwitch | Grant | Fail | Preempt | ReleaseState | Yielded | HoldEnded | Record
+Action = StartSwitch | GrantAction | Fail | Preempt | ReleaseState | Yielded | HoldEnded | Record

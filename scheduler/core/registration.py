@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Verdict", "judge"]
+__all__ = ["RegistrationVerdict", "judge"]
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class RegistrationVerdict:
     """What the group's agents said about one registering job."""
 
     job: str
@@ -60,11 +60,11 @@ def judge(
     group: str,
     nodes: Iterable[str],
     answers: Mapping[str, Iterable[tuple[str, str]]],
-) -> Verdict:
+) -> RegistrationVerdict:
     """`answers`: for each node that answered Status, its jobs as (job, group) pairs."""
     wanted = tuple(sorted(set(nodes)))
     knowing = tuple(
         node for node in wanted if node in answers and (job, group) in set(answers[node])
     )
     silent = tuple(node for node in wanted if node not in answers)
-    return Verdict(job, group, wanted, knowing, silent)
+    return RegistrationVerdict(job, group, wanted, knowing, silent)

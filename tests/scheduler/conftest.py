@@ -24,7 +24,7 @@ class Driver:
     now: float = 1000.0
     ticket: int = 0
     open_calls: dict[int, str] = field(default_factory=dict)
-    grants: list[actions.Grant] = field(default_factory=list)
+    grants: list[actions.GrantAction] = field(default_factory=list)
     fails: list[actions.Fail] = field(default_factory=list)
     log: list[actions.Action] = field(default_factory=list)
     prefetch_fits: bool = False
@@ -41,7 +41,7 @@ class Driver:
         self.state = transition.state
         for action in transition.actions:
             self.log.append(action)
-            if isinstance(action, actions.Grant):
+            if isinstance(action, actions.GrantAction):
                 if action.ticket is not None:  # None: a resumed switch, its caller gone
                     assert self.open_calls.pop(action.ticket) == action.job
                 self.grants.append(action)

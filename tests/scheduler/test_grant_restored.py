@@ -1,4 +1,4 @@
-"""`Grant.restored` is true only when bytes came back (the pure core).
+"""`GrantAction.restored` is true only when bytes came back (the pure core).
 
 A switch to a parked job whose restores moved nothing (no agent knew the job: a job that
 never registered its processes, a group of lock-only jobs) grants with `restored=False`.
