@@ -57,7 +57,7 @@ SOURCES = (
     "client",
     "scheduler",
     "snapshot_agent",
-    "operator",
+    "kube_operator",
     "planner",
     "integrations",
     "apps",

@@ -23,7 +23,7 @@ PACKAGE_FOLDERS = (
     "client",
     "scheduler",
     "snapshot_agent",
-    "operator",
+    "kube_operator",
     "planner",
     "integrations",
     "apps",

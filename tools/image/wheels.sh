@@ -21,7 +21,7 @@ mkdir -p "$wheelhouse"
 src="$(mktemp -d)"
 trap 'rm -rf "$src"' EXIT
 (cd "$root" && cp -r pyproject.toml README.md rlslice proto client scheduler snapshot_agent \
-  operator planner integrations apps testing "$src/")
+  kube_operator planner integrations apps testing "$src/")
 find "$src" -name __pycache__ -prune -exec rm -rf {} +
 rm -f "$wheelhouse"/rlslice-*.whl
 "$python" -m pip wheel --quiet --wheel-dir "$wheelhouse" \

@@ -37,7 +37,7 @@ CONTEXT = (
     "client",
     "scheduler",
     "snapshot_agent",
-    "operator",
+    "kube_operator",
     "planner",
     "integrations",
     "apps",

@@ -20,7 +20,7 @@ SOURCES = (
     "client",
     "scheduler",
     "snapshot_agent",
-    "operator",
+    "kube_operator",
     "planner",
     "integrations",
     "apps",
