@@ -41,10 +41,10 @@ WORKLOAD_ATTACH_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
-class JobView:
+class AgentJobView:
     """One job, for Status."""
 
-    record: state.JobRecord
+    record: state.AgentJobRecord
     pids: tuple[int, ...]
     device_bytes: int
     host_bytes: int
@@ -56,7 +56,7 @@ class StatusView:
     """Everything Status reports."""
 
     node: str
-    jobs: tuple[JobView, ...]
+    jobs: tuple[AgentJobView, ...]
     devices: tuple[DeviceUsage, ...]
     host_available: int
     backends: tuple[str, ...]

@@ -16,7 +16,7 @@ from rlslice.snapshot_agent import state
 from rlslice.snapshot_agent._engine_core import EngineCore
 from rlslice.snapshot_agent.backends.base import BackendError, WorkloadLink
 from rlslice.snapshot_agent.discovery import pod_uid_of
-from rlslice.snapshot_agent.jobs import JobEntry, LocalServer
+from rlslice.snapshot_agent.jobs import JobEntry, LocalJobServer
 from rlslice.snapshot_agent.processes import ProcessRef, alive
 
 log = logging.getLogger("rlslice.snapshot_agent.engine")  # the engine's, as before the split
@@ -34,7 +34,7 @@ class RegistrationMixin(EngineCore):
         backend: str = "",
         modes: Sequence[str] = (),
         tags: Sequence[str] = (),
-        local_server: LocalServer | None = None,
+        local_server: LocalJobServer | None = None,
         uid: int | None = None,
     ) -> str:
         """Add the verified process `ref` to `job`; return the backend the job will use.
@@ -59,7 +59,7 @@ class RegistrationMixin(EngineCore):
             )
         with self.table.change():
             if entry is None:
-                entry = JobEntry(state.JobRecord(job=job, group=group))
+                entry = JobEntry(state.AgentJobRecord(job=job, group=group))
                 self.table.entries[job] = entry
             if entry.owner_uid is None:
                 entry.owner_uid = uid
@@ -86,7 +86,7 @@ class RegistrationMixin(EngineCore):
             for job, (group, refs) in found.items():
                 entry = self.table.entries.get(job)
                 if entry is None:
-                    entry = JobEntry(state.JobRecord(job=job, group=group))
+                    entry = JobEntry(state.AgentJobRecord(job=job, group=group))
                     self.table.entries[job] = entry
                     changed = True
                 elif entry.record.group != group:

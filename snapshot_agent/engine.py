@@ -33,7 +33,7 @@ from rlslice.snapshot_agent import moves, state
 from rlslice.snapshot_agent._engine_core import (
     MAX_EPOCH,
     WORKLOAD_ATTACH_SECONDS,
-    JobView,
+    AgentJobView,
     StatusView,
     check_epoch,
     host_available,
@@ -59,7 +59,7 @@ __all__ = [
     "MAX_EPOCH",
     "WORKLOAD_ATTACH_SECONDS",
     "AgentEngine",
-    "JobView",
+    "AgentJobView",
     "MoveReply",
     "StatusView",
     "SwitchFailure",
@@ -331,7 +331,7 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
                 device = await loaded.device_bytes(self._handle(entry, pids))
             host = record.parked_bytes if record.state_in_host else 0
             host = max(0, host - self.tiering.disk_bytes(record.job))  # on disk: not host
-            views.append(JobView(record, pids, device, host, name))
+            views.append(AgentJobView(record, pids, device, host, name))
         devices = tuple(await default.devices())
         usable = tuple(name for name, probe in await self.probe() if probe.usable)
         return StatusView(

@@ -1,6 +1,6 @@
 """The agent's table of jobs on this node, kept in a JSON file that survives restarts.
 
-Each entry holds the job's pure record (`state.JobRecord`), the processes the agent
+Each entry holds the job's pure record (`state.AgentJobRecord`), the processes the agent
 verified for it, what the job said when it registered, and its open workload streams. The
 file is rewritten atomically at the end of every unit of work (`JobTable.change`); the
 workload streams are not kept (a restarted agent waits for the workloads to reconnect).
@@ -20,7 +20,7 @@ from typing import Any
 
 from rlslice.snapshot_agent.backends.base import WorkloadLink
 from rlslice.snapshot_agent.processes import ProcessRef
-from rlslice.snapshot_agent.state import JobRecord, from_dict, to_dict
+from rlslice.snapshot_agent.state import AgentJobRecord, from_dict, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ STATE_FILE = "jobs.json"
 
 
 @dataclass(frozen=True)
-class LocalServer:
+class LocalJobServer:
     """A job's own local inference server (`app` backend with vLLM or SGLang)."""
 
     kind: str
@@ -39,13 +39,13 @@ class LocalServer:
 class JobEntry:
     """One job on this node (mutable: the adapter's container around the pure record)."""
 
-    record: JobRecord
+    record: AgentJobRecord
     processes: set[ProcessRef] = field(default_factory=set)
     backend: str = ""
     """Backend the job asked for at registration; empty means the agent's default."""
     modes: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
-    local_server: LocalServer | None = None
+    local_server: LocalJobServer | None = None
     owner_uid: int | None = None
     """The uid that first registered the job through the socket (peer credentials); a
     Register of this job from another uid is refused. None: adopted from its pods
@@ -93,7 +93,7 @@ class JobEntry:
             backend=str(data.get("backend", "")),
             modes=tuple(data.get("modes", ())),
             tags=tuple(data.get("tags", ())),
-            local_server=None if not server else LocalServer(str(server[0]), int(server[1])),
+            local_server=None if not server else LocalJobServer(str(server[0]), int(server[1])),
             released=bool(data.get("released", False)),
             owner_uid=None if data.get("owner_uid") is None else int(data["owner_uid"]),
         )

@@ -27,7 +27,7 @@ from rlslice._errors import (
 from rlslice.adapters.grpc_errors import abort_with
 from rlslice.snapshot_agent.backends.base import OffloadAction, WorkloadAnswer
 from rlslice.snapshot_agent.engine import AgentEngine
-from rlslice.snapshot_agent.jobs import LocalServer
+from rlslice.snapshot_agent.jobs import LocalJobServer
 from rlslice.snapshot_agent.peercred import PeerCredRelay
 from rlslice.snapshot_agent.processes import ProcessRef, alive
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
@@ -80,7 +80,7 @@ class StreamWorkload:
         self,
         modes: Sequence[str],
         tags: Sequence[str],
-        local_server: LocalServer | None,
+        local_server: LocalJobServer | None,
         *,
         pid: int = 0,
         rank: int | None = None,
@@ -176,7 +176,7 @@ class LocalAgentServicer(agent_pb2_grpc.LocalAgentServicer):
                     raise InvalidArgumentError(
                         f"local_server_port: {request.local_server_port} is not a port"
                     )
-                server = LocalServer(request.local_server_kind, request.local_server_port)
+                server = LocalJobServer(request.local_server_kind, request.local_server_port)
             backend = self._engine.register(
                 ref,
                 request.job,

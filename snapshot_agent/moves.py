@@ -93,7 +93,7 @@ class Half:
 
     move: Move
     entry: JobEntry
-    before: state.JobRecord
+    before: state.AgentJobRecord
     released: bool
     name: str
     backend: Backend
@@ -107,7 +107,7 @@ class Half:
 
 
 def early_answer(
-    decision: state.Decision, job: str, record: state.JobRecord | None, epoch: int
+    decision: state.Decision, job: str, record: state.AgentJobRecord | None, epoch: int
 ) -> MoveReply | None:
     """The reply to a move that does not go ahead (absent or repeated); None to go ahead.
     A refusal raises FailedPreconditionError with its message."""
@@ -155,12 +155,12 @@ def move_span(
 
 def after_failure(
     error: Exception,
-    before: tuple[state.JobRecord, bool],
-    current: state.JobRecord,
+    before: tuple[state.AgentJobRecord, bool],
+    current: state.AgentJobRecord,
     move: Move,
     epoch: int,
     seconds: float,
-) -> tuple[state.JobRecord, bool]:
+) -> tuple[state.AgentJobRecord, bool]:
     """A failed move's job record and released flag: as before a refusal of its options
     (nothing was done), else FAULTED with the reason (the backend rolled back)."""
     if isinstance(error, OptionsError):

@@ -62,7 +62,7 @@ class MoveResult:
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class AgentJobRecord:
     """One job on this node."""
 
     job: str
@@ -137,7 +137,9 @@ class Refuse:
 Decision = Proceed | Repeat | Absent | Refuse
 
 
-def decide(record: JobRecord | None, move: Move, epoch: int, *, has_processes: bool) -> Decision:
+def decide(
+    record: AgentJobRecord | None, move: Move, epoch: int, *, has_processes: bool
+) -> Decision:
     """What to do with a move request, given the job's record and whether it has processes."""
     if record is None:
         return Absent()
@@ -178,7 +180,7 @@ def decide(record: JobRecord | None, move: Move, epoch: int, *, has_processes: b
 
 
 def admit(
-    record: JobRecord | None,
+    record: AgentJobRecord | None,
     move: Move,
     epoch: int,
     *,
@@ -196,13 +198,15 @@ def admit(
     return decide(record, move, epoch, has_processes=has_processes)
 
 
-def begin(record: JobRecord, move: Move, epoch: int, backend: str) -> JobRecord:
+def begin(record: AgentJobRecord, move: Move, epoch: int, backend: str) -> AgentJobRecord:
     """The record while `move` runs."""
     state = JobState.SAVING if move is Move.SNAPSHOT else JobState.RESTORING
     return replace(record, state=state, epoch=epoch, backend=backend)
 
 
-def succeed(record: JobRecord, move: Move, epoch: int, nbytes: int, seconds: float) -> JobRecord:
+def succeed(
+    record: AgentJobRecord, move: Move, epoch: int, nbytes: int, seconds: float
+) -> AgentJobRecord:
     """The record after `move` worked: the fault (if any) is cleared."""
     state = JobState.PARKED if move is Move.SNAPSHOT else JobState.RUNNING
     result = MoveResult(move, epoch, state, nbytes, seconds, record.backend)
@@ -217,7 +221,9 @@ def succeed(record: JobRecord, move: Move, epoch: int, nbytes: int, seconds: flo
     )
 
 
-def fail(record: JobRecord, move: Move, epoch: int, reason: str, seconds: float) -> JobRecord:
+def fail(
+    record: AgentJobRecord, move: Move, epoch: int, reason: str, seconds: float
+) -> AgentJobRecord:
     """The record after `move` failed (and the backend rolled back what it could)."""
     result = MoveResult(move, epoch, JobState.FAULTED, 0, seconds, record.backend)
     return replace(
@@ -230,7 +236,7 @@ def fail(record: JobRecord, move: Move, epoch: int, reason: str, seconds: float)
     )
 
 
-def recovered(record: JobRecord, backend_says: str) -> JobRecord:
+def recovered(record: AgentJobRecord, backend_says: str) -> AgentJobRecord:
     """The record after an agent restart, given the backend's view.
 
     `backend_says` is "running", "parked", "failed" or "unknown" (the backend's
@@ -263,7 +269,7 @@ def recovered(record: JobRecord, backend_says: str) -> JobRecord:
     return record
 
 
-def to_dict(record: JobRecord) -> dict[str, Any]:
+def to_dict(record: AgentJobRecord) -> dict[str, Any]:
     """A JSON-ready form of `record` (for the agent's state file)."""
     last = record.last
     return {
@@ -288,10 +294,10 @@ def to_dict(record: JobRecord) -> dict[str, Any]:
     }
 
 
-def from_dict(data: dict[str, Any]) -> JobRecord:
+def from_dict(data: dict[str, Any]) -> AgentJobRecord:
     """The record `to_dict` wrote. Raises KeyError or ValueError on a damaged entry."""
     last = data.get("last")
-    return JobRecord(
+    return AgentJobRecord(
         job=str(data["job"]),
         group=str(data["group"]),
         state=JobState(data["state"]),

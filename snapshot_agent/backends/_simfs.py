@@ -30,7 +30,7 @@ _BUFFER = re.compile(r"^d(\d+)-.*\.buf$")
 
 
 @dataclass(frozen=True)
-class SimDevice:
+class SimFsDevice:
     """One emulated device."""
 
     index: int
@@ -47,7 +47,7 @@ class BufferFile:
     size: int
 
 
-def write_devices(node_dir: Path, devices: list[SimDevice]) -> None:
+def write_devices(node_dir: Path, devices: list[SimFsDevice]) -> None:
     """Create the node's folders and (re)write its device table atomically."""
     (node_dir / JOBS_DIR).mkdir(parents=True, exist_ok=True)
     # Jobs of any user of the node create their folders here, like /tmp.
@@ -70,11 +70,11 @@ def write_devices(node_dir: Path, devices: list[SimDevice]) -> None:
             os.chmod(lock, 0o666)
 
 
-def read_devices(node_dir: Path) -> list[SimDevice]:
+def read_devices(node_dir: Path) -> list[SimFsDevice]:
     """The node's device table."""
     table = json.loads((node_dir / DEVICES_FILE).read_text())
     return [
-        SimDevice(int(d["index"]), int(d["total_bytes"]), str(d.get("name", "")))
+        SimFsDevice(int(d["index"]), int(d["total_bytes"]), str(d.get("name", "")))
         for d in table["devices"]
     ]
 

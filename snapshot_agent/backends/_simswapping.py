@@ -30,7 +30,7 @@ class SwappingMixin:
     """`SimBackend`'s swap; the fields and the two lookups below are `SimBackend`'s."""
 
     node_dir: Path
-    devices_table: list[_simfs.SimDevice]
+    devices_table: list[_simfs.SimFsDevice]
     _chunk: int
 
     def _rates(self, job: JobHandle) -> tuple[Link, float]:

@@ -103,7 +103,7 @@ class SimBackend(SwappingMixin):
         for leftover in (self.node_dir / _simfs.PARKED_DIR).glob(".trash-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         self.devices_table = [
-            _simfs.SimDevice(i, capacity, f"sim{i}") for i in range(max(1, count))
+            _simfs.SimFsDevice(i, capacity, f"sim{i}") for i in range(max(1, count))
         ]
         _simfs.write_devices(self.node_dir, self.devices_table)
 

@@ -23,7 +23,7 @@ from rlslice.snapshot_agent.moves import MoveReply, early_answer
 from rlslice.snapshot_agent.registry import BackendRegistry
 from rlslice.snapshot_agent.state import (
     Absent,
-    JobRecord,
+    AgentJobRecord,
     JobState,
     Move,
     Proceed,
@@ -37,7 +37,7 @@ from rlslice.snapshot_agent.state import (
     succeed,
 )
 
-RUNNING = JobRecord(job="a", group="g")
+RUNNING = AgentJobRecord(job="a", group="g")
 PARKED = succeed(begin(RUNNING, Move.SNAPSHOT, 5, "sim"), Move.SNAPSHOT, 5, 100, 0.1)
 FAULTED = fail(begin(PARKED, Move.RESTORE, 6, "sim"), Move.RESTORE, 6, "boom", 0.1)
 RECORDS = st.sampled_from([None, RUNNING, PARKED, FAULTED, begin(RUNNING, Move.SNAPSHOT, 3, "")])
@@ -45,7 +45,7 @@ RECORDS = st.sampled_from([None, RUNNING, PARKED, FAULTED, begin(RUNNING, Move.S
 
 @given(RECORDS, st.sampled_from(Move), st.integers(0, 8), st.booleans())
 def test_admit_in_the_jobs_own_group_answers_as_decide(
-    record: JobRecord | None, move: Move, epoch: int, has_processes: bool
+    record: AgentJobRecord | None, move: Move, epoch: int, has_processes: bool
 ) -> None:
     assert admit(record, move, epoch, group="g", node="n1", has_processes=has_processes) == decide(
         record, move, epoch, has_processes=has_processes
@@ -54,7 +54,7 @@ def test_admit_in_the_jobs_own_group_answers_as_decide(
 
 @given(st.sampled_from([RUNNING, PARKED, FAULTED]), st.sampled_from(Move), st.integers(0, 8))
 def test_admit_refuses_a_job_of_another_group_whatever_its_state(
-    record: JobRecord, move: Move, epoch: int
+    record: AgentJobRecord, move: Move, epoch: int
 ) -> None:
     decision = admit(record, move, epoch, group="other", node="n1", has_processes=True)
     assert decision == Refuse(

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from rlslice.snapshot_agent.state import (
     Absent,
-    JobRecord,
+    AgentJobRecord,
     JobState,
     Move,
     Proceed,
@@ -36,7 +36,7 @@ from rlslice.snapshot_agent.state import (
     to_dict,
 )
 
-RUNNING = JobRecord(job="a", group="g")
+RUNNING = AgentJobRecord(job="a", group="g")
 PARKED = succeed(begin(RUNNING, Move.SNAPSHOT, 5, "sim"), Move.SNAPSHOT, 5, 100, 0.1)
 FAULTED_SNAPSHOT = fail(begin(RUNNING, Move.SNAPSHOT, 5, "sim"), Move.SNAPSHOT, 5, "boom", 0.1)
 FAULTED_RESTORE = fail(begin(PARKED, Move.RESTORE, 6, "sim"), Move.RESTORE, 6, "boom", 0.1)
@@ -65,7 +65,7 @@ FAULTED_RESTORE = fail(begin(PARKED, Move.RESTORE, 6, "sim"), Move.RESTORE, 6, "
     ],
 )
 def test_decide_answers_each_state_as_the_table_says(
-    record: JobRecord | None, move: Move, epoch: int, has_processes: bool, expected: type
+    record: AgentJobRecord | None, move: Move, epoch: int, has_processes: bool, expected: type
 ) -> None:
     assert isinstance(decide(record, move, epoch, has_processes=has_processes), expected)
 
@@ -122,13 +122,13 @@ def test_a_failed_restore_keeps_the_state_in_host_memory() -> None:
     ],
 )
 def test_an_agent_restart_settles_each_state_by_the_backend(
-    record: JobRecord, backend_says: str, state: JobState
+    record: AgentJobRecord, backend_says: str, state: JobState
 ) -> None:
     assert recovered(record, backend_says).state is state
 
 
 @pytest.mark.parametrize("record", [RUNNING, PARKED, FAULTED_SNAPSHOT, FAULTED_RESTORE])
-def test_records_round_trip_through_their_json_form(record: JobRecord) -> None:
+def test_records_round_trip_through_their_json_form(record: AgentJobRecord) -> None:
     assert from_dict(to_dict(record)) == record
 
 
@@ -151,7 +151,7 @@ steps = st.lists(
 def test_random_move_sequences_keep_the_invariants(
     sequence: list[tuple[Move, int, bool, bool, int]],
 ) -> None:
-    record = JobRecord(job="a", group="g")
+    record = AgentJobRecord(job="a", group="g")
     for move, epoch, has_processes, works, nbytes in sequence:
         before = record
         decision = decide(record, move, epoch, has_processes=has_processes)
@@ -184,7 +184,7 @@ def test_random_move_sequences_keep_the_invariants(
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([RUNNING, PARKED, FAULTED_SNAPSHOT, FAULTED_RESTORE]), st.integers(0, 9))
-def test_the_same_move_twice_acts_at_most_once(record: JobRecord, epoch: int) -> None:
+def test_the_same_move_twice_acts_at_most_once(record: AgentJobRecord, epoch: int) -> None:
     for move in Move:
         first = decide(record, move, epoch, has_processes=True)
         if not isinstance(first, Proceed):

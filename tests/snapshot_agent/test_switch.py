@@ -233,7 +233,7 @@ def test_the_link_paces_each_direction_on_its_own_and_a_shared_cap_binds_both() 
 
 def test_an_interrupted_swap_gets_every_freed_chunk_back_from_the_journal(tmp_path: Path) -> None:
     node_dir = tmp_path / "node"
-    _simfs.write_devices(node_dir, [_simfs.SimDevice(0, 64 * MiB, "sim0")])
+    _simfs.write_devices(node_dir, [_simfs.SimFsDevice(0, 64 * MiB, "sim0")])
     folder = node_dir / _simfs.JOBS_DIR / "job-a"
     folder.mkdir(parents=True)
     path = folder / "d0-weights.buf"

@@ -34,7 +34,7 @@ from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.jobs import STATE_FILE, JobEntry, JobTable
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.processes import identify
-from rlslice.snapshot_agent.state import JobRecord, JobState, Move
+from rlslice.snapshot_agent.state import AgentJobRecord, JobState, Move
 
 
 class ScriptedBackend:
@@ -120,7 +120,7 @@ def test_a_unit_of_work_writes_the_table_once_however_many_changes_it_makes(
     writes = Writes(table, monkeypatch)
     with table.change():
         for job in ("a", "b", "c"):
-            table.entries[job] = JobEntry(JobRecord(job=job, group="g"))
+            table.entries[job] = JobEntry(AgentJobRecord(job=job, group="g"))
     assert writes.seen == [{"a": "running", "b": "running", "c": "running"}]
 
 
@@ -132,7 +132,9 @@ def test_a_unit_that_ends_by_an_exception_still_writes_what_it_left(
 
     def failing_unit() -> None:
         with table.change():
-            table.entries["a"] = JobEntry(JobRecord(job="a", group="g", state=JobState.FAULTED))
+            table.entries["a"] = JobEntry(
+                AgentJobRecord(job="a", group="g", state=JobState.FAULTED)
+            )
             raise RuntimeError("the move failed")
 
     with pytest.raises(RuntimeError, match="the move failed"):
@@ -146,7 +148,7 @@ def test_a_unit_that_ends_by_an_exception_still_writes_what_it_left(
 def test_a_unit_that_changes_nothing_does_not_rewrite_the_file(tmp_path: Path) -> None:
     table = JobTable(tmp_path)
     with table.change():
-        table.entries["a"] = JobEntry(JobRecord(job="a", group="g"))
+        table.entries["a"] = JobEntry(AgentJobRecord(job="a", group="g"))
     path = tmp_path / STATE_FILE
     path.write_text("left alone")
     with table.change():

@@ -139,7 +139,7 @@ def test_run_in_an_allocation_names_job_group_and_node_from_it() -> None:
 @pytest.fixture
 def node_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "node"
-    _simfs.write_devices(folder, [_simfs.SimDevice(i, 1 << 20, f"sim{i}") for i in range(4)])
+    _simfs.write_devices(folder, [_simfs.SimFsDevice(i, 1 << 20, f"sim{i}") for i in range(4)])
     return folder
 
 
