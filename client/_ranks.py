@@ -118,7 +118,7 @@ def detect_ranks(env: Mapping[str, str] | None = None) -> Ranks:
     return ranks_from(environment, _torch_distributed())
 
 
-class Coordinator(Protocol):
+class RankCoordinator(Protocol):
     """The collectives the ranks of one job meet on (one implementation per transport)."""
 
     def share(self, value: object) -> object:
@@ -216,7 +216,7 @@ class RankedClient:
         scheduler: str | None = None,
         *,
         ranks: Ranks | None = None,
-        coordinator: Coordinator | None = None,
+        coordinator: RankCoordinator | None = None,
         quiesce_seconds: float = DEFAULT_QUIESCE_SECONDS,
         register_with_agent: bool = True,
         **client_options: Any,

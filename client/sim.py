@@ -42,7 +42,7 @@ from rlslice._errors import ResourceExhaustedError
 from rlslice._ids import validate_id
 from rlslice.units import format_bytes
 
-__all__ = ["SimBuffer", "SimDevice", "SimOutOfMemoryError", "attach"]
+__all__ = ["SimBuffer", "SimJobDevice", "SimOutOfMemoryError", "attach"]
 
 DEFAULT_ROOT = env.DEFAULT_SIM_ROOT
 ENV_SIM_DIR = env.SIM_DIR
@@ -109,7 +109,7 @@ class SimBuffer(mmap.mmap):
             self.path.unlink()
 
 
-class SimDevice:
+class SimJobDevice:
     """One emulated device of this node, as seen by one job."""
 
     def __init__(self, node_dir: Path, index: int, job: str, total_bytes: int, name: str) -> None:
@@ -167,7 +167,7 @@ def attach(
     job: str | None = None,
     node: str | None = None,
     node_dir: str | os.PathLike[str] | None = None,
-) -> SimDevice:
+) -> SimJobDevice:
     """The emulated device `index` of this node, for job `job` (see the module doc).
 
     `index` counts the devices `CUDA_VISIBLE_DEVICES` lists, when it is set."""
@@ -194,7 +194,7 @@ def attach(
         if int(device["index"]) == index:
             with _attach_lock:
                 _register_cleanup()
-            return SimDevice(folder, index, job, int(device["total_bytes"]), str(device["name"]))
+            return SimJobDevice(folder, index, job, int(device["total_bytes"]), str(device["name"]))
     raise ValueError(f"index: no emulated device {index} at {folder}")
 
 

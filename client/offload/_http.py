@@ -48,7 +48,7 @@ def nvml_used_bytes() -> int | None:
         return None
 
 
-class LocalServer:
+class OffloadHttpServer:
     """A job's own HTTP server on loopback; the base of the vLLM and SGLang offloaders."""
 
     kind = ""
@@ -113,7 +113,7 @@ class LocalServer:
 VLLM_SLEEP_MODES = ("abort", "wait", "keep")
 
 
-class VllmOffloader(LocalServer):
+class VllmOffloader(OffloadHttpServer):
     """vLLM sleep mode over HTTP: `/sleep?level=1|2&mode=...` and `/wake_up`."""
 
     kind = "vllm"
@@ -160,7 +160,7 @@ class VllmOffloader(LocalServer):
             return result
 
 
-class SglangOffloader(LocalServer):
+class SglangOffloader(OffloadHttpServer):
     """SGLang memory release over HTTP: `/release_memory_occupation`, `/resume_memory_occupation`."""
 
     kind = "sglang"

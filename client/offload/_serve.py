@@ -25,7 +25,7 @@ from rlslice._ids import validate_id
 from rlslice.adapters.channel import open_channel
 from rlslice.client._backoff import Backoff
 from rlslice.client._local import ENV_AGENT_SOCKET, default_socket_path
-from rlslice.client.offload._http import LocalServer
+from rlslice.client.offload._http import OffloadHttpServer
 from rlslice.client.offload._types import DISCARD, OFFLOAD, Offloader, OffloadResult
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
@@ -154,7 +154,7 @@ async def serve_offload(
     offloader = Combined(parts)
     path = str(socket_path or default_socket_path())
     modes = [_MODES[mode] for mode in sorted(offloader.modes)]
-    server = next((p for p in parts if isinstance(p, LocalServer)), None)
+    server = next((p for p in parts if isinstance(p, OffloadHttpServer)), None)
     delays = Backoff(initial=0.1, cap=5.0).delays()
     while True:
         try:

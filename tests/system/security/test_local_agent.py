@@ -144,7 +144,7 @@ async def test_a_local_server_that_is_not_a_local_port_is_refused(
 
 @pytest.mark.parametrize("host", ["10.0.0.1", "example.invalid", "0.0.0.0"])
 def test_the_workload_only_calls_a_server_on_loopback(host: str) -> None:
-    from rlslice.client.offload._http import LocalServer
+    from rlslice.client.offload._http import OffloadHttpServer
 
     with pytest.raises(InvalidArgumentError, match="host"):
-        LocalServer(8000, host=host)
+        OffloadHttpServer(8000, host=host)
