@@ -138,6 +138,17 @@ class AsyncClient(PhaseHoldsMixin):
         return self._settings.scheduler
 
     @property
+    def closed(self) -> bool:
+        """True once `close()` began (or a `Client` that never ran a call was closed):
+        every later call raises FailedPreconditionError."""
+        return self._closed
+
+    def mark_closed(self) -> None:
+        """Close a client that never made a call: it holds no lease and no channel, so
+        there is nothing to give back (`Client.close` before any call)."""
+        self._closed = True
+
+    @property
     def disabled(self) -> bool:
         """True when no scheduler is configured and every call passes through."""
         return self._settings.scheduler is None
@@ -237,10 +248,6 @@ class AsyncClient(PhaseHoldsMixin):
                 self.job, group_id, held.grant, "its lease lapsed and was registered again"
             )
         return await self._yield(group_id, None)
-
-    async def release(self, group: str | None = None) -> YieldResult:
-        """Alias of `yield_()`."""
-        return await self.yield_(group)
 
     @overload
     def phase(self, name: str, group: str | None = None) -> AsyncPhase: ...

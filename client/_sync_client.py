@@ -68,7 +68,7 @@ class Client:
         self._thread_lock = threading.Lock()
 
     def _run(self, make: Callable[[AsyncClient], Awaitable[T]]) -> T:
-        if self._async._closed:
+        if self._async.closed:
             raise FailedPreconditionError("client: closed")
         with self._thread_lock:
             if self._thread is None:
@@ -79,7 +79,7 @@ class Client:
         except (asyncio.CancelledError, concurrent.futures.CancelledError):
             # close() from another thread stops the loop under a blocked call: the caller
             # sees the same error as a call made after close, not a bare cancellation.
-            if self._async._closed:
+            if self._async.closed:
                 raise FailedPreconditionError("client: closed") from None
             raise
 
@@ -121,10 +121,6 @@ class Client:
         """Give `group` up; see `AsyncClient.yield_`."""
         return self._run(lambda c: c.yield_(group))
 
-    def release(self, group: str | None = None) -> YieldResult:
-        """Alias of `yield_()`."""
-        return self.yield_(group)
-
     @overload
     def phase(self, name: str, group: str | None = None) -> SyncPhase: ...
 
@@ -157,7 +153,7 @@ class Client:
             finally:
                 thread.stop()
         else:  # never used: no lease, no channel, nothing to release
-            self._async._closed = True
+            self._async.mark_closed()
 
     def __enter__(self) -> Client:
         return self

@@ -100,7 +100,7 @@ async def test_b_blocks_until_a_yields(sched: TestScheduler) -> None:
 async def test_a_yield_without_waiters_defers_the_snapshot(sched: TestScheduler) -> None:
     async with AsyncClient(job="a", group="gpus", scheduler=sched.address) as client:
         await client.acquire()
-        result = await client.release()
+        result = await client.yield_()
         assert (result.waiters, result.snapshot_deferred) == (0, True)
 
 

@@ -1,7 +1,7 @@
 """With no scheduler configured the client passes everything through, so code runs alone.
 
-Cases (sync and async): acquire returns a grant marked disabled with epoch 0; yield and
-release return a disabled result; phases work as context managers and decorators; exactly
+Cases (sync and async): acquire returns a grant marked disabled with epoch 0; yield returns
+a disabled result; phases work as context managers and decorators; exactly
 one INFO line is logged per client; ids given are still validated; a closed client refuses
 calls; neither face opens a network connection.
 """
@@ -28,7 +28,6 @@ async def test_an_async_disabled_client_grants_at_once_and_says_so() -> None:
         grant = await client.acquire(timeout=1)
         assert grant == Grant(0, 0.0, False, 0.0, 0, "gpus", "solo", disabled=True)
         assert await client.yield_() == YieldResult(0, False, disabled=True)
-        assert (await client.release()).disabled
 
 
 async def test_async_phases_pass_through_as_blocks_and_decorators() -> None:
@@ -112,3 +111,12 @@ async def test_the_async_decorator_refuses_plain_functions() -> None:
         sync_client.phase("train")(coroutine)
     await client.close()
     sync_client.close()
+
+
+async def test_a_client_says_it_is_closed_once_close_began() -> None:
+    client = AsyncClient(job="solo")
+    assert not client.closed
+    await client.close()
+    assert client.closed
+    with pytest.raises(FailedPreconditionError):
+        await client.acquire()

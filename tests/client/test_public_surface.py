@@ -29,7 +29,7 @@ EXPECTED = {
     "register_with_agent_async",
     "validate_phase",
 }
-CALLS = {"acquire", "yield_", "release", "phase", "close", "yield_requested"}
+CALLS = {"acquire", "yield_", "phase", "close", "yield_requested"}
 
 
 def test_the_client_package_exports_exactly_the_pinned_names() -> None:
@@ -62,7 +62,7 @@ def test_both_clients_offer_each_call_with_the_same_parameters(name: str) -> Non
 
 
 def test_the_async_calls_are_coroutines_and_the_sync_ones_are_not() -> None:
-    for name in ("acquire", "yield_", "release", "close"):
+    for name in ("acquire", "yield_", "close"):
         assert inspect.iscoroutinefunction(getattr(AsyncClient, name))
         assert not inspect.iscoroutinefunction(getattr(Client, name))
     assert list(inspect.signature(Client).parameters) == list(
