@@ -1,8 +1,8 @@
-"""The engine's back half: what follows an accepted transition. It is persisted (a grant
-or a switch start committed before it takes effect, `_commit_then` when the store writes
-asynchronously), its actions are executed (futures answered, switch tasks spawned, state
-released, ring entries recorded and published), and the group's timer is kept at its next
-deadline. `Engine` inherits it; every method runs on the loop thread.
+"""The engine's back half: what follows an accepted transition. Its actions are executed
+(futures answered, switch tasks spawned, state released, ring entries recorded and
+published) and the group's timer is kept at its next deadline; when they take effect
+(after the commit that a grant or a switch start needs) is `_durability.py`'s rule.
+`Engine` inherits both; every method runs on the loop thread.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rlslice._errors import UnavailableError
@@ -19,11 +19,11 @@ from rlslice.scheduler._leases import LeaseIndex
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler._watch import WatchHub
 from rlslice.scheduler.clock import LoopClock
-from rlslice.scheduler.core import GroupState, actions, deadline, events
+from rlslice.scheduler.core import actions, deadline, events
 from rlslice.scheduler.core.state import Switch
 from rlslice.scheduler.core.waits import WaitIndex
 from rlslice.scheduler.metrics import SchedulerMetrics
-from rlslice.scheduler.store import Store, StoreError
+from rlslice.scheduler.store import Store
 
 if TYPE_CHECKING:
     from rlslice.scheduler.engine import SwitchRunner
@@ -55,105 +55,6 @@ class _Execution:
         def _apply(
             self, runtime: GroupRuntime, event: events.Event
         ) -> tuple[actions.Action, ...]: ...
-
-        def lost_grant(self, group: str, job: str, epoch: int) -> None: ...
-
-    def _persist(
-        self, before: GroupState, after: GroupState, done: tuple[actions.Action, ...]
-    ) -> bool:
-        """Save `after`; a transition that grants or starts a switch is committed first.
-        With a sync `commit` (SQLite, memory), when the store cannot take it nothing
-        changes: UnavailableError names the store (callers retry; internal events are
-        applied again later). With an async `commit_group` (Kubernetes) the write cannot
-        finish inside this call: True, and `_apply` holds those actions back until it has
-        (`_commit_then`)."""
-        self.store.save_group(after)
-        if not any(_must_persist(action) for action in done):
-            self._note_store()
-            return False
-        commit = getattr(self.store, "commit", None)
-        if commit is None:
-            if getattr(self.store, "commit_group", None) is not None:
-                return True
-            self._note_store()
-            return False
-        try:
-            commit()
-        except StoreError as error:
-            self.store.save_group(before)  # the newest state to write is the old one again
-            self._store_refused(after.name, error)
-            raise UnavailableError(_refusal(error, "nothing changed")) from None
-        self.metrics.store_healthy.set(1)
-        return False
-
-    def _store_refused(self, group: str, error: StoreError) -> None:
-        self.metrics.store_refusals.inc()
-        self.metrics.store_healthy.set(0)
-        log.warning("group %s: refused, the store cannot persist it: %s", group, error)
-
-    async def _commit_then(self, runtime: GroupRuntime, held: tuple[actions.Action, ...]) -> None:
-        """Await the store's write of the group, then let the held grants and switches take
-        effect. When the write fails: each held grant's caller fails UNAVAILABLE (naming
-        the store) and the grant is given back; each held switch fails before it moved
-        anything."""
-        name = runtime.state.name
-        commit: Callable[[str], Awaitable[None]] = self.store.commit_group  # type: ignore[attr-defined]
-        try:
-            await commit(name)
-        except StoreError as error:
-            self._store_refused(name, error)
-            if self.groups.get(name) is runtime and not self._closed:
-                self._undo_held(runtime, held, _refusal(error, "not granted"))
-            return
-        self._note_store()  # still unhealthy while the store refuses another group for good
-        if self.groups.get(name) is not runtime or self._closed:
-            return
-        followups: list[events.Event] = []
-        for action in held:
-            if self._still_due(runtime, action):
-                self._execute(runtime, action, self.clock(), followups)
-        for followup in followups:
-            if self.groups.get(name) is runtime:
-                self._apply(runtime, followup)
-
-    def _still_due(self, runtime: GroupRuntime, action: actions.Action) -> bool:
-        """Whether a held grant or switch may still take effect now that it is stored:
-        later events (a lapse, a cancel, a deletion) may have overtaken it meanwhile."""
-        state = runtime.state
-        if isinstance(action, actions.StartSwitch):
-            return state.switch is not None and state.switch.epoch == action.switch.epoch
-        if not isinstance(action, actions.GrantAction):
-            return True
-        if state.holder == action.job and state.epoch == action.epoch:
-            if action.ticket is None or action.ticket in runtime.calls:
-                return True
-            self.lost_grant(state.name, action.job, action.epoch)  # its caller left meanwhile
-            return False
-        future = runtime.calls.pop(action.ticket, None) if action.ticket is not None else None
-        if future is not None and not future.done():
-            future.set_exception(UnavailableError("grant overtaken while it was stored; retry"))
-        return False
-
-    def _undo_held(
-        self, runtime: GroupRuntime, held: tuple[actions.Action, ...], message: str
-    ) -> None:
-        for action in held:
-            if isinstance(action, actions.GrantAction):
-                future = runtime.calls.pop(action.ticket, None) if action.ticket else None
-                if future is not None and not future.done():
-                    future.set_exception(UnavailableError(message))
-                undo: events.Event = events.LostGrant(action.job, action.epoch)
-            elif isinstance(action, actions.StartSwitch):
-                undo = events.SwitchFailed(action.switch.epoch, message, UnavailableError)
-            else:  # pragma: no cover - only grants and switches are held
-                continue
-            try:
-                self._apply(runtime, undo)
-            except UnavailableError as error:
-                log.warning("group %s: undoing an unwritten change: %s", runtime.state.name, error)
-
-    def _note_store(self) -> None:
-        self.metrics.store_healthy.set(0 if getattr(self.store, "error", None) else 1)
 
     def _execute(
         self,
@@ -289,16 +190,3 @@ class _Execution:
         for name, runtime in list(self.groups.items()):
             holding = runtime.state.holder_since if runtime.state.holder else None
             yield name, runtime.busy.fraction(now, holding)
-
-
-def _refusal(error: StoreError, outcome: str) -> str:
-    return f"store: {error}; the scheduler grants nothing it cannot persist ({outcome}; retry)"
-
-
-def _must_persist(action: actions.Action) -> bool:
-    """Whether the transition emitting `action` must be durable before it takes effect: a
-    grant (the fencing token a job may pass on), or a switch that moves state (a resumed
-    one was persisted before the restart)."""
-    if isinstance(action, actions.GrantAction):
-        return True
-    return isinstance(action, actions.StartSwitch) and not action.resume

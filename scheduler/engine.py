@@ -5,8 +5,9 @@ per group set at the group's next deadline (never a polling loop), the event rin
 persistence after every accepted event (a grant or switch start committed before it takes
 effect), and the coordinator that executes switches. What changes for reasons of its own
 lives beside it: the lease index (`_leases.py`), the watch fan-out (`_watch.py`), what
-transitions mean for the metrics (`_engine_metrics.py`), and persisting and executing
-what a transition decided (`_execution.py`, which `Engine` inherits). It speaks rlslice
+transitions mean for the metrics (`_engine_metrics.py`), executing what a transition
+decided (`_execution.py`) and the rule that commits it before its grants and switch starts
+take effect (`_durability.py`), which `Engine` inherits. It speaks rlslice
 errors, not gRPC: `service.py` translates.
 
 Every public method runs on the loop thread; `_apply` is synchronous, so a transition, its
@@ -30,7 +31,8 @@ from rlslice._errors import (
 )
 from rlslice.config import GroupSpec
 from rlslice.scheduler import _engine_metrics as metered
-from rlslice.scheduler._execution import STORE_RETRY_SECONDS, _Execution, _must_persist
+from rlslice.scheduler._durability import _Durability
+from rlslice.scheduler._execution import STORE_RETRY_SECONDS
 from rlslice.scheduler._leases import LeaseIndex, hash_secret
 from rlslice.scheduler._runtime import EventEntry, EventRing, GroupRuntime
 from rlslice.scheduler._watch import WatchHub
@@ -83,7 +85,7 @@ class Registration:
     epoch: int
 
 
-class Engine(_Execution):
+class Engine(_Durability):
     """Every group's state and the machinery around it."""
 
     def __init__(
@@ -419,16 +421,7 @@ class Engine(_Execution):
             new_holder = self.waits.update(before, after)
             self._leases.follow(before, after)
         followups: list[events.Event] = []
-        held: list[actions.Action] = []
-        for action in transition.actions:
-            if deferred and _must_persist(action):
-                held.append(action)  # takes effect once the store has written it
-            else:
-                self._execute(runtime, action, now, followups)
-        if held:
-            committing = self._spawn(self._commit_then(runtime, tuple(held)))
-            runtime.commits.add(committing)
-            committing.add_done_callback(runtime.commits.discard)
+        self._take_effect(runtime, transition.actions, deferred, now, followups)
         metered.follow_transition(self.metrics, before, after)
         self._schedule(runtime)
         for followup in followups:

@@ -44,6 +44,7 @@ from typing import Any
 
 from rlslice.adapters.kube import KubeAPI, KubeError
 from rlslice.scheduler.clock import LoopClock
+from rlslice.scheduler.store import FencedStore
 
 log = logging.getLogger(__name__)
 
@@ -422,9 +423,8 @@ class ElectedScheduler:
         )
         self.running.metrics.registry.register(_LeaderCollector(1.0))
         store = self.running.engine.store
-        if hasattr(store, "fence"):  # KubernetesStore: no write once the Lease is lost
-            store.fence = lambda: self.elector.leading
-            store.precondition = self.elector.confirm  # checked again at each write
+        if isinstance(store, FencedStore):  # shared by the replicas: none once the Lease is lost
+            store.fence_with(lambda: self.elector.leading, self.elector.confirm)
         log.info("leading %s as %s", self.elector.name, self.elector.identity)
         self._changed.set()
 

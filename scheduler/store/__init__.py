@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlslice.scheduler.store.base import AgentRecord, Loaded, Store, StoreError
+from rlslice.scheduler.store.base import AgentRecord, FencedStore, Loaded, Store, StoreError
 from rlslice.scheduler.store.memory import MemoryStore
 from rlslice.scheduler.store.sqlite import SQLiteStore
 
 __all__ = [
     "AgentRecord",
+    "FencedStore",
     "Loaded",
     "MemoryStore",
     "SQLiteStore",

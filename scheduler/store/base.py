@@ -17,19 +17,29 @@ Contract, for every implementation (memory, SQLite, Kubernetes):
 - `flush()` returns once everything saved so far is durable (a no-op when writes are
   synchronous). The scheduler awaits it on shutdown.
 - `close()` flushes and releases resources; the store is not used afterwards.
-- `commit()` (optional; SQLite and memory have it) writes everything saved so far before
-  it returns, or raises `StoreError` naming the store and why. The engine commits every
-  transition that grants or starts a switch before it takes effect, and undoes it when the
-  commit fails: nothing is granted that could not be persisted.
-- `commit_group(name)` (optional, async; Kubernetes, whose writes are HTTP calls in the
-  background) writes that group's newest saved state before it returns, or raises
-  `StoreError` naming the store. The engine applies the transition but holds its grants
-  and switch starts back until the write is done; when it fails, the grants are given back
-  (their callers answered UNAVAILABLE) and the switches fail before anything moved.
+- `healthy` is False while a write the store was given has failed and not succeeded
+  again (the scheduler's `rlslice_scheduler_store_healthy` gauge reads it).
+- `commit_now(group)` makes everything saved so far for `group` durable before it returns,
+  where the store can write at once (SQLite, memory): True, or `StoreError` naming the
+  store and why. A store that writes in the background (Kubernetes: HTTP calls) answers
+  False and the engine awaits `commit(group)` instead.
+- `async commit(group)` returns once `group`'s newest saved state is durable, or raises
+  `StoreError` naming the store and why.
+
+The engine's rule over these two (`scheduler/_durability.py`): a transition that grants or
+starts a switch is committed before its grants and switch starts take effect. Committed at
+once, a refused commit changes nothing (the caller is answered UNAVAILABLE); committed in
+the background, the grants and switch starts are held until the commit lands, and when it
+fails the grants are given back (their callers answered UNAVAILABLE) and the switches fail
+before anything moved. Nothing is granted that could not be persisted.
+
+A store that several scheduler replicas share is a `FencedStore` as well: leader election
+fences it (`fence_with`), so a deposed leader's late write never lands.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -85,10 +95,36 @@ class Store(Protocol):
         """Forget an agent."""
         ...
 
+    @property
+    def healthy(self) -> bool:
+        """False while a write the store was given has failed and not succeeded again."""
+        ...
+
+    def commit_now(self, group: str) -> bool:
+        """Make `group`'s saved state durable now: True; False when this store cannot
+        write at once (await `commit`). Raises StoreError naming the store and why."""
+        ...
+
+    async def commit(self, group: str) -> None:
+        """Return once `group`'s newest saved state is durable; StoreError if it cannot be."""
+        ...
+
     async def flush(self) -> None:
         """Return once everything saved so far is durable."""
         ...
 
     async def close(self) -> None:
         """Flush and release resources."""
+        ...
+
+
+@runtime_checkable
+class FencedStore(Store, Protocol):
+    """A store several scheduler replicas share: only the leader may write to it."""
+
+    def fence_with(
+        self, leading: Callable[[], bool], confirm: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Write only while `leading()`, and await `confirm()` right before each write (it
+        raises when this replica lost the lease), so a deposed leader's write never lands."""
         ...

@@ -17,7 +17,7 @@ Retry-After, at most 5 s) and `error` says why until a write succeeds again (the
 scheduler's `rlslice_scheduler_store_healthy` gauge reads it).
 
 A grant, or a switch that starts moving state, must be stored before it takes effect: the
-engine awaits `commit_group(name)`, which writes that group's newest state at once (a 409
+engine awaits `commit(name)` (`commit_now` answers False: no write is at once), which writes that group's newest state at once (a 409
 from a create race is retried on the object the other writer made; 429, 500 and timeouts
 fail it) and raises `StoreError` naming the store when the write fails. Writes of one group
 are serialized (a lock per group), so a slower background write never lands after, and
@@ -28,12 +28,12 @@ agents' ConfigMap) in turn, and a group whose write fails waits out its own back
 the others are written. A refusal that names the object itself (400, 413, 422: too large
 for a ConfigMap, invalid) can never succeed on a retry of that state: the group is
 *poisoned*, logged at ERROR with its name and the API's reason, `error` (the health gauge)
-names it, and its `commit_group` fails at once, so the engine gives back what it held for
+names it, and its `commit` fails at once, so the engine gives back what it held for
 that group. Its newest state is still tried every POISON_RETRY_SECONDS once it changed (a
 job left, say); the first that lands clears the poison. `flush` does not wait for a
 poisoned group.
 
-`fence` (set by leader election) is asked before every write: a replica that lost the
+`fence` (set by leader election through `fence_with`) is asked before every write: a replica that lost the
 Lease writes nothing more (its unwritten states are dropped with an error in the log), so
 a deposed leader's late flush can never overwrite what the new leader stored. `KubeAPI` (from the shared kernel,
 `rlslice.adapters.kube`, on `kubernetes_asyncio`) is the client this store, the leader
@@ -192,7 +192,21 @@ class KubernetesStore:
         self._agents_version = object()
         self._kick()
 
-    async def commit_group(self, name: str) -> None:
+    @property
+    def healthy(self) -> bool:
+        return self.error is None
+
+    def fence_with(
+        self, leading: Callable[[], bool], confirm: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Write only while `leading()`; `confirm()` is awaited before each API write."""
+        self.fence = leading
+        self.precondition = confirm
+
+    def commit_now(self, group: str) -> bool:
+        return False  # every write is an HTTP call: await `commit`
+
+    async def commit(self, name: str) -> None:
         """Write group `name`'s newest saved state now (nothing to do when the background
         writer has written it already). Raises `StoreError` when the API server refuses or
         does not answer; the state stays queued for the background writer."""

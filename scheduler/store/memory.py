@@ -33,7 +33,14 @@ class MemoryStore:
     async def flush(self) -> None:
         return None
 
-    def commit(self) -> None:
+    @property
+    def healthy(self) -> bool:
+        return True
+
+    def commit_now(self, group: str) -> bool:
+        return True  # in memory, saved is as durable as it gets
+
+    async def commit(self, group: str) -> None:
         return None
 
     async def close(self) -> None:

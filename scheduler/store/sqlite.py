@@ -5,7 +5,8 @@ group and schedules one write (`call_soon`); every state saved during that itera
 written in one transaction, the newest per group only. Those background writes commit with
 synchronous=NORMAL: the log is appended without an fsync, so a crash of the process loses
 nothing committed (a power loss may lose the last few). `commit()`, which the scheduler
-calls before a grant or a switch takes effect, writes with synchronous=FULL: the log is
+calls before a grant or a switch takes effect (`commit_now`; `commit` awaits the same),
+writes with synchronous=FULL: the log is
 fsynced, so what it acknowledges survives a power loss too, and a failing fsync refuses
 it. Without a running event loop (scripts, tests) each save is written at once, durably.
 The schema carries a version; a file from a newer build is refused.
@@ -13,7 +14,7 @@ The schema carries a version; a file from a newer build is refused.
 A write that fails (a full filesystem, an fsync's I/O error) loses nothing: the states are
 kept and written again (every half second, and at the next save; durably, so the store
 learns that the disk is back from a real fsync) until a write succeeds; meanwhile `error`
-says why and `commit()` raises `StoreError`, so the scheduler grants nothing it could not
+says why (`healthy` is False) and `commit_now()` raises `StoreError`, so the scheduler grants nothing it could not
 persist (see `SchedulerEngine`). A failed write is undone in the file at once: a failed
 fsync leaves the transaction's frames in the log, and a crash before the next commit
 would replay them as committed; the rows of the groups it wrote are written back as last
@@ -130,11 +131,20 @@ class SQLiteStore:
         except (sqlite3.Error, OSError) as error:
             raise StoreError(f"sqlite {self.path}: {error}") from error
 
-    def commit(self) -> None:
-        """Write everything saved so far now, fsynced; StoreError if it cannot be."""
+    @property
+    def healthy(self) -> bool:
+        return self.error is None
+
+    def commit_now(self, group: str) -> bool:
+        """Write everything saved so far now (`group`'s state with it), fsynced: True, or
+        StoreError if it cannot be."""
         self._sync()
         if self.error is not None:
             raise StoreError(self.error)
+        return True
+
+    async def commit(self, group: str) -> None:
+        self.commit_now(group)
 
     def _schedule(self) -> None:
         if self._scheduled:

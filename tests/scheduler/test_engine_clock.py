@@ -136,9 +136,10 @@ class _Refusing(MemoryStore):
         super().__init__()
         self.down = False
 
-    def commit(self) -> None:
+    def commit_now(self, group: str) -> bool:
         if self.down:
             raise StoreError("disk gone (test)")
+        return True
 
 
 async def test_a_tick_the_store_refuses_is_applied_again_on_the_loops_clock() -> None:

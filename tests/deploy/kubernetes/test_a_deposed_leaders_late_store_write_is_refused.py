@@ -35,7 +35,7 @@ async def test_a_deposed_leaders_late_write_is_refused(cluster: kmock.Kubernetes
     store.precondition = old.confirm
 
     store.save_group(GroupState(spec=GroupSpec(name="g"), epoch=1))
-    await store.commit_group("g")  # ours: it lands
+    await store.commit("g")  # ours: it lands
     stored = cluster.objects["v1/configmaps", NS, "f-group-g"]["data"]["state"]
     assert json.loads(stored)["epoch"] == 1
 
@@ -50,12 +50,12 @@ async def test_a_deposed_leaders_late_write_is_refused(cluster: kmock.Kubernetes
     new_state = GroupState(spec=GroupSpec(name="g"), epoch=2)
     new_store = KubernetesStore(admin, NS, "f")
     new_store.save_group(new_state)
-    await new_store.commit_group("g")
+    await new_store.commit("g")
     assert leads(old)  # the old leader's own clock has not run out yet
 
     store.save_group(GroupState(spec=GroupSpec(name="g"), epoch=9))  # the late write
     with pytest.raises(StoreError, match="not ours any more"):
-        await store.commit_group("g")
+        await store.commit("g")
     assert not leads(old)  # it stepped down
     stored = cluster.objects["v1/configmaps", NS, "f-group-g"]["data"]["state"]
     assert json.loads(stored)["epoch"] == 2  # the new leader's state stands

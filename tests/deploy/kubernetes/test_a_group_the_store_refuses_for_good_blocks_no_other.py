@@ -3,7 +3,7 @@ large, invalid) holds up no other write (kmock).
 
 - the other group's ConfigMap and the agents' ConfigMap land; `flush` returns;
 - the refused group is poisoned: logged at ERROR with its name and the API's reason,
-  `error` names it, and its `commit_group` fails at once (StoreError naming the ConfigMap);
+  `error` names it, and its `commit` fails at once (StoreError naming the ConfigMap);
 - through the engine: the poisoned group's Acquire fails UNAVAILABLE (the grant given
   back), while the other group's Acquire is granted and stored;
 - once the server accepts the group's newer state, the poison clears.
@@ -72,12 +72,12 @@ async def test_the_other_groups_and_the_agents_configmaps_land_and_the_refused_c
         assert "bad" in store.error
         assert "bad" in store.poisoned
         with pytest.raises(StoreError, match="refused for good") as caught:
-            await store.commit_group("bad")
+            await store.commit("bad")
         assert BAD in str(caught.value)
         assert "HTTP 422" in str(caught.value)
         # The good group goes on being written, at once, beside the poisoned one.
         store.save_group(GroupState(spec=GroupSpec(name="good"), epoch=5))
-        await asyncio.wait_for(store.commit_group("good"), 5)
+        await asyncio.wait_for(store.commit("good"), 5)
         assert json.loads(_stored(cluster, "t-group-good")["state"])["epoch"] == 5
     await store.close()
 

@@ -10,12 +10,12 @@ Case matrix
 - PATCH that never answers (a hung server): the client's deadline ends it, the retry lands;
 - a fence that says "not leading": nothing is written, flush returns, `error` says so.
 
-Commit before grant (the engine awaits `commit_group` before a grant takes effect):
+Commit before grant (the engine awaits `commit` before a grant takes effect):
 - a grant is answered only once its group's ConfigMap holds it;
 - a write answered 500 fails the acquire UNAVAILABLE naming the store's ConfigMap (each
   attempt of its switch counted as a store refusal), the group not held; once the server recovers the next acquire is
   granted and stored;
-- `commit_group` retries a create race (409) on the winner's object, and fails at once on
+- `commit` retries a create race (409) on the winner's object, and fails at once on
   429, 500 and a hung server (the client's deadline);
 - a job that leaves while the switch parking it waits for its write is released only
   after that switch.
@@ -226,7 +226,7 @@ async def test_a_commit_retries_a_create_race_on_the_winners_object(
     cluster[f"post {CONFIGMAPS}"][:1] << 409
     store = KubernetesStore(KubeAPI(str(cluster.url)), NS, "t")
     store.save_group(_state(5))
-    await store.commit_group("g1")  # takes the group's lock before the writer runs
+    await store.commit("g1")  # takes the group's lock before the writer runs
     assert _stored_epoch(cluster) == 5
     assert store.error is None
     await store.close()
@@ -247,7 +247,7 @@ async def test_a_commit_fails_at_once_when_the_server_refuses_or_hangs(
     store.save_group(_state(8))
     try:
         with pytest.raises(StoreError, match=NAME) as caught:
-            await store.commit_group("g1")
+            await store.commit("g1")
     finally:
         released.set()
     assert f"HTTP {status or 0}" in str(caught.value)

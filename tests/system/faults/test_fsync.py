@@ -228,16 +228,16 @@ state = new_group(GroupSpec(name="g"))
 def at(epoch):
     return state.__class__(**{**{f: getattr(state, f) for f in state.__slots__}, "epoch": epoch})
 store.save_group(at(1))  # no event loop: written and fsynced before it returns
-store.commit()
+store.commit_now("g")
 flag.touch()
 store.save_group(at(2))
 try:
-    store.commit()
+    store.commit_now("g")
     print("committed while failing", flush=True)
 except StoreError as error:
     print("refused", error, flush=True)
 sys.stdin.readline()  # the test heals the disk (or kills this process) meanwhile
-store.commit()
+store.commit_now("g")
 print("committed", flush=True)
 sys.stdin.readline()
 """

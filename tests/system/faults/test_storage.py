@@ -149,7 +149,7 @@ while True:
     epoch += 1
     state = state.__class__(**{**{f: getattr(state, f) for f in state.__slots__}, "epoch": epoch})
     store.save_group(state)  # no event loop: written and committed before it returns
-    store.commit()
+    store.commit_now("g")
     print(epoch, flush=True)
 """
 
