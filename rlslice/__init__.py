@@ -49,35 +49,6 @@ __all__ = [
 ]
 
 
-def _resolve_operator_folder_in_editable_installs() -> None:
-    # `operator/` has no __init__.py on purpose (it must never shadow the standard library),
-    # and setuptools' editable finder cannot resolve a namespace subpackage below a regular
-    # package. Wheels copy the folder into `rlslice/operator/`, where this finder is never asked.
-    import importlib.machinery
-    import sys
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parent.parent / "operator"
-    if not folder.is_dir():
-        return
-
-    class _OperatorFolderFinder:
-        @staticmethod
-        def find_spec(
-            fullname: str, path: object = None, target: object = None
-        ) -> importlib.machinery.ModuleSpec | None:
-            if fullname != "rlslice.operator":
-                return None
-            spec = importlib.machinery.ModuleSpec(fullname, None, is_package=True)
-            spec.submodule_search_locations = [str(folder)]
-            return spec
-
-    sys.meta_path.append(_OperatorFolderFinder)
-
-
-_resolve_operator_folder_in_editable_installs()
-
-
 def __getattr__(name: str) -> object:
     # The client pulls in grpc; import it on first use so `rlslice --version` and the
     # pure cores stay light.
