@@ -26,8 +26,8 @@ from rlslice.operator.access import admission_refusal, needs_namespace_labels
 from rlslice.operator.mutation import GROUP_LABEL, mutate
 from rlslice.operator.namespaces import NamespaceLabels
 from rlslice.operator.reconcile import (
-    DeleteGroup,
-    PutGroup,
+    DeleteGroupAction,
+    PutGroupAction,
     RetryLater,
     SchedulerView,
     finalize,
@@ -180,7 +180,7 @@ async def _delete(
     for action in actions:
         if isinstance(action, RetryLater):
             raise kopf.TemporaryError(action.reason, delay=action.delay)
-        if isinstance(action, DeleteGroup):
+        if isinstance(action, DeleteGroupAction):
             try:
                 await client.delete(action.name, force=action.force)
             except FailedPreconditionError as error:  # a job took the lock meanwhile
@@ -295,7 +295,7 @@ async def _sync(
     try:
         observed = await client.get(name)
         for action in reconcile(desired, observed):
-            if isinstance(action, PutGroup):
+            if isinstance(action, PutGroupAction):
                 observed = await client.put(action.spec)
     except RlsliceError as error:
         message = f"scheduler: {error}"

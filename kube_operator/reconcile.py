@@ -40,14 +40,14 @@ class SchedulerView:
 
 
 @dataclass(frozen=True)
-class PutGroup:
+class PutGroupAction:
     """Create or replace the group in the scheduler."""
 
     spec: GroupSpec
 
 
 @dataclass(frozen=True)
-class DeleteGroup:
+class DeleteGroupAction:
     """Delete the group from the scheduler; `force` fails its holder and waiters."""
 
     name: str
@@ -62,7 +62,7 @@ class RetryLater:
     delay: float
 
 
-Action = PutGroup | DeleteGroup | RetryLater
+Action = PutGroupAction | DeleteGroupAction | RetryLater
 
 
 def reconcile(desired: GroupSpec, observed: SchedulerView | None) -> tuple[Action, ...]:
@@ -72,7 +72,7 @@ def reconcile(desired: GroupSpec, observed: SchedulerView | None) -> tuple[Actio
     scheduler restart without a persistent store).
     """
     if observed is None or observed.spec != desired:
-        return (PutGroup(desired),)
+        return (PutGroupAction(desired),)
     return ()
 
 
@@ -93,10 +93,10 @@ def finalize(
     if observed is None:
         return ()
     if not observed.holder:
-        return (DeleteGroup(name, force=False),)
+        return (DeleteGroupAction(name, force=False),)
     remaining = timeout_seconds - waited_seconds
     if remaining <= 0:
-        return (DeleteGroup(name, force=True),)
+        return (DeleteGroupAction(name, force=True),)
     return (
         RetryLater(
             f"waiting for holder {observed.holder!r} to yield "

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from rlslice.config import GroupSpec
 from rlslice.operator.reconcile import (
-    DeleteGroup,
-    PutGroup,
+    DeleteGroupAction,
+    PutGroupAction,
     RetryLater,
     SchedulerView,
     finalize,
@@ -42,8 +42,8 @@ NEWER = GroupSpec(name="rl-a", backend="sim", lease_seconds=10)
 @pytest.mark.parametrize(
     ("observed", "expected"),
     [
-        (None, (PutGroup(NEWER),)),
-        (SchedulerView(spec=SPEC), (PutGroup(NEWER),)),
+        (None, (PutGroupAction(NEWER),)),
+        (SchedulerView(spec=SPEC), (PutGroupAction(NEWER),)),
         (SchedulerView(spec=NEWER), ()),
         (SchedulerView(spec=NEWER, holder="a", queue=("b",), epoch=9), ()),
     ],
@@ -57,7 +57,7 @@ def test_reconcile_puts_the_group_only_when_the_scheduler_differs(
 
 def test_reconcile_is_idempotent_once_its_put_is_applied() -> None:
     (action,) = reconcile(NEWER, None)
-    assert isinstance(action, PutGroup)
+    assert isinstance(action, PutGroupAction)
     assert reconcile(NEWER, SchedulerView(spec=action.spec)) == ()
 
 
@@ -65,10 +65,10 @@ def test_reconcile_is_idempotent_once_its_put_is_applied() -> None:
     ("observed", "waited", "expected"),
     [
         (None, 0.0, ()),
-        (SchedulerView(spec=SPEC), 0.0, (DeleteGroup("rl-a", force=False),)),
-        (SchedulerView(spec=SPEC, queue=("b",)), 0.0, (DeleteGroup("rl-a", force=False),)),
-        (SchedulerView(spec=SPEC, holder="a"), 300.0, (DeleteGroup("rl-a", force=True),)),
-        (SchedulerView(spec=SPEC, holder="a"), 999.0, (DeleteGroup("rl-a", force=True),)),
+        (SchedulerView(spec=SPEC), 0.0, (DeleteGroupAction("rl-a", force=False),)),
+        (SchedulerView(spec=SPEC, queue=("b",)), 0.0, (DeleteGroupAction("rl-a", force=False),)),
+        (SchedulerView(spec=SPEC, holder="a"), 300.0, (DeleteGroupAction("rl-a", force=True),)),
+        (SchedulerView(spec=SPEC, holder="a"), 999.0, (DeleteGroupAction("rl-a", force=True),)),
     ],
     ids=["gone", "idle", "waiters-only", "timeout", "past-timeout"],
 )
