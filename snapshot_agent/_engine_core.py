@@ -110,7 +110,7 @@ class EngineCore:
         the switch fails at once and its retry goes on without the job."""
         if entry.workloads or entry.streams_ended or entry.gone.is_set():
             return
-        if not getattr(backend, "needs_workloads", False):
+        if not backend.needs_workloads:
             return
         wait = min(WORKLOAD_ATTACH_SECONDS, deadline - time.time())
         if wait > 0:
@@ -193,6 +193,4 @@ class EngineCore:
             devices = []
         self.metrics.observe_memory(devices, self._host_memory())
         self.tiering.observe()
-        self.metrics.pinned_bytes.set(
-            sum(b.pinned_total() for b in self.backends.instances() if hasattr(b, "pinned_total"))
-        )
+        self.metrics.pinned_bytes.set(sum(b.pinned_total() for b in self.backends.instances()))

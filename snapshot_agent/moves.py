@@ -124,9 +124,8 @@ def early_answer(
 async def guard(handle: JobHandle, backend: Backend, *, host_available: int, reserve: int) -> None:
     """Refuse (RESOURCE_EXHAUSTED) a snapshot whose bytes host memory cannot take."""
     nbytes = await backend.device_bytes(handle)
-    held = getattr(backend, "held_host_bytes", None)
-    if held is not None:  # staging the job keeps already: not asked for twice
-        nbytes = max(0, nbytes - int(await held(handle)))
+    # Staging the job keeps already is not asked for twice.
+    nbytes = max(0, nbytes - await backend.held_host_bytes(handle))
     cgroups = await asyncio.to_thread(memguard.cgroup_headrooms, handle.pids)
     reason = memguard.refusal(
         handle.job, nbytes, host_available=host_available, reserve=reserve, cgroups=cgroups

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
 from rlslice.snapshot_agent.backends.base import (
+    BackendBase,
     BackendError,
     BackendState,
     DeviceUsage,
@@ -404,7 +405,7 @@ class CheckpointMover:
         return MoveOutcome(bytes=nbytes, seconds=time.monotonic() - start)
 
 
-class MoverBackend:
+class MoverBackend(BackendBase):
     """What `cuda` and `cuda-checkpoint` share: every move goes through a `CheckpointMover`,
     device memory comes from NVML. Subclasses build the mover (`_get_mover`) and probe."""
 

@@ -40,6 +40,7 @@ from typing import ClassVar
 from rlslice.snapshot_agent.backends import _freeze
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
 from rlslice.snapshot_agent.backends.base import (
+    BackendBase,
     BackendContext,
     BackendError,
     BackendState,
@@ -72,7 +73,7 @@ def _tags_for(link: WorkloadLink, wanted: Sequence[str]) -> list[str]:
     return [tag for tag in wanted if tag in link.tags]
 
 
-class AppBackend:
+class AppBackend(BackendBase):
     """Moves jobs through their workloads' offload streams (see the module docstring)."""
 
     name: ClassVar[str] = "app"

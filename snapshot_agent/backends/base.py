@@ -202,9 +202,15 @@ class SupportsSpill(Protocol):
 
 @runtime_checkable
 class Backend(Protocol):
-    """Moves device state for verified jobs. Implementations: sim, cuda, cuda-checkpoint, app."""
+    """Moves device state for verified jobs. Implementations: sim, cuda, cuda-checkpoint, app.
+
+    Besides the moves, a backend declares three optional abilities; `BackendBase` gives
+    each its default, so a backend that lacks one says so by inheriting it."""
 
     name: ClassVar[str]
+    needs_workloads: ClassVar[bool]
+    """True when moves go through the job's own processes (`app`): the agent lets a
+    just-registered job's workload stream attach before it moves the job."""
 
     def __init__(self, context: BackendContext) -> None: ...
 
@@ -239,3 +245,28 @@ class Backend(Protocol):
     async def devices(self) -> Sequence[DeviceUsage]:
         """Device memory on this node."""
         ...
+
+    async def held_host_bytes(self, job: JobHandle) -> int:
+        """Host bytes the job holds already that its next snapshot reuses (kept pinned
+        staging): the host-memory guard does not ask for them twice."""
+        ...
+
+    def pinned_total(self) -> int:
+        """Host buffer bytes this backend's jobs hold pinned on this node (a gauge)."""
+        ...
+
+
+class BackendBase:
+    """The defaults of a `Backend`'s optional abilities: no workload streams needed, no
+    host bytes held ahead of a snapshot, nothing pinned. Backends subclass it and
+    override what they have."""
+
+    needs_workloads: ClassVar[bool] = False
+
+    async def held_host_bytes(self, job: JobHandle) -> int:
+        """None held: a snapshot asks host memory for all its bytes."""
+        return 0
+
+    def pinned_total(self) -> int:
+        """Nothing pinned."""
+        return 0

@@ -53,6 +53,7 @@ from rlslice.snapshot_agent.backends._simcopy import (
 )
 from rlslice.snapshot_agent.backends._simswapping import SwappingMixin
 from rlslice.snapshot_agent.backends.base import (
+    BackendBase,
     BackendContext,
     BackendError,
     BackendState,
@@ -81,7 +82,7 @@ def _float(options: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
-class SimBackend(SwappingMixin):
+class SimBackend(SwappingMixin, BackendBase):
     """Emulated devices with a capacity and a copy rate; jobs really frozen and copied."""
 
     name: ClassVar[str] = "sim"

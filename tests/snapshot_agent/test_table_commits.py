@@ -21,6 +21,7 @@ import pytest
 from rlslice._errors import AbortedError, InvalidArgumentError
 from rlslice.snapshot_agent.backends import BackendEntry
 from rlslice.snapshot_agent.backends.base import (
+    BackendBase,
     BackendContext,
     BackendError,
     BackendState,
@@ -37,7 +38,7 @@ from rlslice.snapshot_agent.processes import identify
 from rlslice.snapshot_agent.state import AgentJobRecord, JobState, Move
 
 
-class ScriptedBackend:
+class ScriptedBackend(BackendBase):
     """A backend that moves nothing; `fail_with` makes the next moves raise it."""
 
     name: ClassVar[str] = "scripted"
