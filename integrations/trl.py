@@ -43,7 +43,7 @@ another job waits (early yield, docs/scheduler.md), or once it held past the gro
 `early_yields` counts those offers.
 
 The end of training: with a client the callback built, `on_train_end` leaves the group
-for good while it still holds it (the client unregisters: the lock is released and nothing
+for good while it still holds it (the client unregisters: the lock is given up and nothing
 is snapshotted), so a waiting job's switch never parks this job's state on its way out.
 The offload loop stops; state still parked then is copied back in-process. A client passed
 in stays open and registered: `on_train_end` yields, and device state registered with the
@@ -174,7 +174,7 @@ class GpuPhaseCallback:
         finalizer, self._finalizer = self._finalizer, None
         try:
             if self._owned and finalizer is not None:
-                # Unregistering while holding releases the lock and parks nothing; a yield
+                # Unregistering while holding gives up the lock and parks nothing; a yield
                 # first would let a waiting job's switch snapshot this job on its way out.
                 self._phase, self._deferred = None, False
                 self._client, self._owned = None, False
