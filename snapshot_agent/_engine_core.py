@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from rlslice.snapshot_agent.backends.base import (
 )
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable
 from rlslice.snapshot_agent.metrics import AgentMetrics
-from rlslice.snapshot_agent.processes import ExitWatcher
+from rlslice.snapshot_agent.processes import ExitWatcher, ProcessSource
 from rlslice.snapshot_agent.registry import BackendRegistry
 from rlslice.snapshot_agent.state import Move
 from rlslice.snapshot_agent.tiering import TieredBackend, Tiering
@@ -83,13 +83,13 @@ class EngineCore:
     metrics: AgentMetrics
     backends: BackendRegistry
     table: JobTable
-    before_move: Callable[[], Awaitable[None]] | None
     _state_dir: Path
     _reserve: int
     _host_memory: Callable[[], int]
     _watcher: ExitWatcher
     _tasks: set[asyncio.Task[object]]
     _discovered: set[str]
+    _processes: ProcessSource | None
 
     # -- backends ----------------------------------------------------------------------
 

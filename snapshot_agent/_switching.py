@@ -69,8 +69,8 @@ class SwitchingMixin(EngineCore):
         deadline: float,
     ) -> SwitchReply:
         started = time.perf_counter()
-        if self.before_move is not None:
-            await self.before_move()
+        if self._processes is not None:
+            await self._processes.rediscover()
         asked = [(h, Move.SNAPSHOT) for h in outgoing]
         if incoming is not None:
             asked.append((incoming, Move.RESTORE))

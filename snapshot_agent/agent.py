@@ -25,6 +25,7 @@ from rlslice.snapshot_agent.engine import AgentEngine
 from rlslice.snapshot_agent.local_service import LocalAgentServicer
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.peercred import PeerCredRelay, private_folder
+from rlslice.snapshot_agent.processes import ProcessSource
 from rlslice.snapshot_agent.scheduler_link import SchedulerLink
 from rlslice.snapshot_agent.service import METHOD_ROLES, AgentServicer
 from rlslice.snapshot_agent.settings import AgentSettings
@@ -92,8 +93,11 @@ def _advertise(settings: AgentSettings, port: int) -> str:
     return join_host_port(host, port)
 
 
-async def start_agent(settings: AgentSettings) -> RunningAgent:
-    """Start an agent with `settings` and return it running."""
+async def start_agent(
+    settings: AgentSettings, *, processes: ProcessSource | None = None
+) -> RunningAgent:
+    """Start an agent with `settings` and return it running; `processes`, when given, is
+    asked before every move to bring the jobs' processes up to date (Kubernetes mode)."""
     _check_exposure(settings)
     # Never open, not even on loopback: any local user could freeze or drop any job. With
     # no token configured the node-local one (a 0600 file of this user) stands in.
@@ -112,6 +116,7 @@ async def start_agent(settings: AgentSettings) -> RunningAgent:
             budget=settings.host_budget_bytes,
             metrics=metrics,
         ),
+        processes=processes,
     )
     await engine.start()
     grpc_server, local_server, relay = await _serve(settings, engine, token)

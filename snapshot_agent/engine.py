@@ -50,7 +50,13 @@ from rlslice.snapshot_agent.backends.base import (
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.moves import MoveReply, SwitchFailure, SwitchHalf, SwitchReply
-from rlslice.snapshot_agent.processes import ExitWatcher, alive, families, family
+from rlslice.snapshot_agent.processes import (
+    ExitWatcher,
+    ProcessSource,
+    alive,
+    families,
+    family,
+)
 from rlslice.snapshot_agent.registry import BackendRegistry
 from rlslice.snapshot_agent.state import JobState, Move
 from rlslice.snapshot_agent.tiering import Tiering
@@ -86,6 +92,7 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
         backends: Mapping[str, BackendEntry] | None = None,
         host_memory: Callable[[], int] = host_available,
         tiering: Tiering | None = None,
+        processes: ProcessSource | None = None,
     ) -> None:
         self.node = node
         self.tiering = tiering or Tiering(node=node, spill_dir=None, budget=None)
@@ -107,8 +114,9 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
         self.table = JobTable(state_dir)
         self._watcher = ExitWatcher(self._on_exit)
         self._tasks = set()
-        self.before_move = None
-        """Called before every move (Kubernetes mode: rediscover the jobs' processes)."""
+        self._processes = processes
+        """Asked before every move to bring the jobs' processes up to date (Kubernetes
+        mode: rediscover them); None: registration alone tells them."""
         self._discovered = set()  # jobs whose processes discovery sets
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -189,8 +197,8 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
         discard_tags: Sequence[str],
         deadline: float,
     ) -> MoveReply:
-        if self.before_move is not None:
-            await self.before_move()
+        if self._processes is not None:
+            await self._processes.rediscover()
         entry = self.table.entries.get(job)
         if entry is None:
             return MoveReply(job, None, absent=True, epoch=epoch)

@@ -13,7 +13,8 @@
   namespace carrying the same job label is refused: never adopted, so a switch of the job
   never freezes it; each refusal is logged once with both namespaces and listed in
   `KubernetesDiscovery.refused`.
-- When: at every pod event, before every Snapshot/Restore (the engine's `before_move`), and
+- When: at every pod event, before every Snapshot/Restore (the discovery is the engine's
+  `ProcessSource`, handed to it when the agent starts), and
   every `rescan_seconds`. The interval is needed: a container starting to use a GPU makes
   no API event, so only a fresh look at /proc and NVML sees it.
 
@@ -27,7 +28,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -197,13 +197,16 @@ def gpu_pid_source(backend: str) -> Callable[[], Iterable[int] | None]:
 
 @dataclass
 class KubernetesDiscovery:
-    """Keeps the engine's jobs equal to what the pods on this node run."""
+    """Keeps the engine's jobs equal to what the pods on this node run.
 
-    engine: AgentEngine
+    Made before the agent (the engine takes it as its `ProcessSource`), it follows the
+    pods once `start` hands it the engine; until then, and after `stop`, `rediscover`
+    does nothing."""
+
     api: KubeAPI
     settings: KubernetesSettings
     gpu_pids: Callable[[], Iterable[int] | None]
-    clock: Callable[[], float] = time.monotonic
+    engine: AgentEngine | None = None
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     _discovery: ProcessDiscovery = field(init=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -213,6 +216,7 @@ class KubernetesDiscovery:
     _warned: set[tuple[str, str]] = field(default_factory=set)
     _refusals_logged: set[tuple[str, str]] = field(default_factory=set)
     _resource_version: str = ""
+    _following: bool = False
 
     def __post_init__(self) -> None:
         self._discovery = ProcessDiscovery(
@@ -221,16 +225,18 @@ class KubernetesDiscovery:
             gpu_pids=self.gpu_pids,
         )
 
-    async def start(self) -> None:
-        """List the pods, adopt what runs now, then follow pod events and rescan.
+    async def start(self, engine: AgentEngine) -> None:
+        """List the pods, adopt into `engine` what runs now, then follow pod events and
+        rescan.
 
         An API that does not answer yet is not fatal: the watch keeps trying."""
+        self.engine = engine
         try:
             await self._list()
         except KubeError as error:
             log.error("listing pods on %s: %s; retrying", self.settings.node_name, error)
         await self.refresh()
-        self.engine.before_move = self._before_move
+        self._following = True
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._follow(), name="kubernetes-pods"),
@@ -239,7 +245,7 @@ class KubernetesDiscovery:
 
     async def stop(self) -> None:
         """Stop following; the engine keeps the processes it has."""
-        self.engine.before_move = None
+        self._following = False
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -251,10 +257,11 @@ class KubernetesDiscovery:
         """Look at /proc and NVML now and hand the result to the engine."""
         async with self._lock:
             self._changed.clear()
-            started = self.clock()
+            started = asyncio.get_running_loop().time()
             pods = list(self.pods.values())
             found = await asyncio.to_thread(self._scan, pods)
-            self.engine.adopt(found)
+            if self.engine is not None:
+                self.engine.adopt(found)
             self._last_scan = started
             return found
 
@@ -276,9 +283,12 @@ class KubernetesDiscovery:
                 log.warning("%s", refusal.reason)
         self._refusals_logged = current  # a refusal that ends and comes back is logged again
 
-    async def _before_move(self) -> None:
-        # Two moves on one node in one switch need not scan twice.
-        if self._changed.is_set() or self.clock() - self._last_scan > 0.1:
+    async def rediscover(self) -> None:
+        """Scan again before a move, unless a scan just ran and no pod changed since (two
+        moves on one node in one switch need not scan twice)."""
+        if not self._following:
+            return
+        if self._changed.is_set() or asyncio.get_running_loop().time() - self._last_scan > 0.1:
             await self.refresh()
 
     async def _list(self) -> None:
@@ -373,12 +383,10 @@ async def start_kubernetes_agent(
     settings = settings.model_copy(
         update={"node": kube.node, "labels": {**labels, **settings.labels}}
     )
-    agent = await start_agent(settings)
-    discovery = KubernetesDiscovery(
-        agent.engine, api, kube, gpu_pids or gpu_pid_source(settings.backend)
-    )
+    discovery = KubernetesDiscovery(api, kube, gpu_pids or gpu_pid_source(settings.backend))
+    agent = await start_agent(settings, processes=discovery)
     try:
-        await discovery.start()
+        await discovery.start(agent.engine)
     except BaseException:
         await discovery.stop()
         await agent.stop(0)

@@ -16,6 +16,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import psutil
 
@@ -148,3 +149,13 @@ class ExitWatcher:
         """Stop watching everything."""
         for ref in list(self._fds):
             self.forget(ref)
+
+
+class ProcessSource(Protocol):
+    """What finds a node's jobs' processes besides their own registration (Kubernetes
+    mode: the pods' processes); handed to the engine when it is made."""
+
+    async def rediscover(self) -> None:
+        """Make the engine's view of the jobs' processes current; the engine awaits it
+        before every move (a process that started on the GPU since the last look)."""
+        ...
