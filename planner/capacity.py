@@ -30,7 +30,7 @@ from rlslice.planner.memory import (
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FitVerdict:
     """Whether something fits, and a one-line reason either way."""
 
     fits: bool
@@ -42,7 +42,7 @@ def host_capacity_verdict(
     new_job_bytes: int,
     host_available_bytes: int,
     reserve_bytes: int = 0,
-) -> Verdict:
+) -> FitVerdict:
     """Can a node park `new_job_bytes` beside the states it already parks, keeping a reserve?
 
     Fits when `sum(parked_bytes) + new_job_bytes + reserve_bytes <= host_available_bytes`.
@@ -60,8 +60,8 @@ def host_capacity_verdict(
         f" + reserve {human_bytes(reserve)} = {human_bytes(needed)}"
     )
     if needed <= available:
-        return Verdict(True, f"fits: {detail} of {human_bytes(available)} host memory")
-    return Verdict(
+        return FitVerdict(True, f"fits: {detail} of {human_bytes(available)} host memory")
+    return FitVerdict(
         False,
         f"host memory exhausted: {detail} needed, {human_bytes(available)} available",
     )
@@ -78,7 +78,9 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
-class GroupSpec:
+class PlanGroup:
+    """A group as the capacity check is given it (the check's answer is a `GroupPlan`)."""
+
     name: str
     nodes: tuple[str, ...]
     headroom_bytes: int = 0
@@ -87,7 +89,7 @@ class GroupSpec:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class PlanJob:
     """A job's size; `phases` are whole-job byte parts per phase (all GPUs together)."""
 
     name: str
@@ -109,7 +111,7 @@ class JobFootprint:
 @dataclass(frozen=True)
 class GroupPlan:
     name: str
-    verdict: Verdict
+    verdict: FitVerdict
     problems: tuple[str, ...]
     jobs: tuple[JobFootprint, ...]
     usable_gpu_bytes: int
@@ -135,7 +137,7 @@ class CapacityPlan:
 
 
 def plan_capacity(
-    nodes: Sequence[NodeSpec], groups: Sequence[GroupSpec], jobs: Sequence[JobSpec]
+    nodes: Sequence[NodeSpec], groups: Sequence[PlanGroup], jobs: Sequence[PlanJob]
 ) -> CapacityPlan:
     """Check every group; a group without jobs fits trivially."""
     by_node = {node.name: node for node in nodes}
@@ -147,7 +149,7 @@ def plan_capacity(
 
 
 def _plan_group(
-    group: GroupSpec, by_node: Mapping[str, NodeSpec], all_jobs: Sequence[JobSpec]
+    group: PlanGroup, by_node: Mapping[str, NodeSpec], all_jobs: Sequence[PlanJob]
 ) -> GroupPlan:
     missing = [name for name in group.nodes if name not in by_node]
     if missing or not group.nodes:
@@ -170,10 +172,10 @@ def _plan_group(
         if a.peak_bytes + b.peak_bytes <= usable
     )
     if problems:
-        verdict = Verdict(False, "; ".join(problems))
+        verdict = FitVerdict(False, "; ".join(problems))
     else:
         peak = max((f.peak_bytes for f in footprints), default=0)
-        verdict = Verdict(
+        verdict = FitVerdict(
             True,
             f"{len(footprints)} job(s) fit: peak {human_bytes(peak)} per GPU of {human_bytes(usable)}",
         )
@@ -190,7 +192,7 @@ def _plan_group(
     )
 
 
-def _footprint(job: JobSpec, gpus: int) -> JobFootprint:
+def _footprint(job: PlanJob, gpus: int) -> JobFootprint:
     """The job's bytes per GPU in each phase, over its shards (every GPU by default)."""
     totals = peak_memory({name: list(parts) for name, parts in job.phases.items()})
     shards = job.shards or gpus
@@ -201,7 +203,7 @@ def _footprint(job: JobSpec, gpus: int) -> JobFootprint:
 
 
 def _host_needs(
-    group: GroupSpec,
+    group: PlanGroup,
     members: Sequence[NodeSpec],
     footprints: Sequence[JobFootprint],
     problems: list[str],
@@ -340,11 +342,11 @@ def _node_spec(where: str, raw: Mapping[str, object]) -> NodeSpec:
     )
 
 
-def _group_spec(where: str, raw: Mapping[str, object], every_node: list[str]) -> GroupSpec:
+def _group_spec(where: str, raw: Mapping[str, object], every_node: list[str]) -> PlanGroup:
     listed = raw.get("nodes") or every_node
     if isinstance(listed, str) or not isinstance(listed, Sequence):
         raise InvalidArgumentError(f"{where}.nodes must be a list of node names")
-    return GroupSpec(
+    return PlanGroup(
         name=_checks.name(f"{where}.name", raw.get("name")),
         nodes=tuple(str(n) for n in listed),
         headroom_bytes=_gib(where, raw, "headroom_gib", 0.0),
@@ -355,9 +357,9 @@ def _group_spec(where: str, raw: Mapping[str, object], every_node: list[str]) ->
     )
 
 
-def _job_spec(where: str, raw: Mapping[str, object], first_group: str) -> JobSpec:
+def _job_spec(where: str, raw: Mapping[str, object], first_group: str) -> PlanJob:
     shards = raw.get("shards")
-    return JobSpec(
+    return PlanJob(
         name=_checks.name(f"{where}.name", raw.get("name")),
         group=_checks.name(f"{where}.group", raw.get("group", first_group)),
         phases=_job_phases(where, raw),
