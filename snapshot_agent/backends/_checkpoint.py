@@ -46,7 +46,7 @@ DEFAULT_ROLLBACK_SECONDS = 60.0
 BACKGROUND_ROLLBACK_SECONDS = 600.0
 
 
-class ProcState(enum.Enum):
+class ProcState(enum.StrEnum):
     """A process's checkpoint state, as the driver reports it."""
 
     RUNNING = "running"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
 
 
-class BackendState(enum.Enum):
+class BackendState(enum.StrEnum):
     """What a backend can tell about a job's device state on its own (after an agent restart)."""
 
     RUNNING = "running"
@@ -31,7 +31,7 @@ class BackendState(enum.Enum):
     """The backend cannot tell (the caller keeps what it recorded)."""
 
 
-class OffloadAction(enum.Enum):
+class OffloadAction(enum.StrEnum):
     """A command to an `app` workload."""
 
     OFFLOAD = "offload"
