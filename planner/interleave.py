@@ -40,7 +40,7 @@ from rlslice.planner.jobs import POLICIES as POLICIES
 from rlslice.planner.jobs import Durations, mean_step, run_alone
 from rlslice.planner.jobs import JobProfile as JobProfile
 from rlslice.planner.jobs import Phase as Phase
-from rlslice.planner.jobs import PhaseKind as PhaseKind
+from rlslice.planner.jobs import PhaseResource as PhaseResource
 from rlslice.planner.jobs import Policy as Policy
 from rlslice.planner.timeline import SwitchMarker, TimelineInterval
 from rlslice.planner.waiters import Picker, QueuedJob

@@ -14,7 +14,8 @@ from typing import Literal
 from rlslice._errors import InvalidArgumentError
 from rlslice.planner import _checks
 
-PhaseKind = Literal["gpu", "cpu"]
+#: Where a phase runs (not `rlslice.config.PhaseKind`, which says what a phase is for).
+PhaseResource = Literal["gpu", "cpu"]
 Policy = Literal["fifo", "priority", "fair"]
 #: The policies the simulator orders by itself (any other needs a `Picker`).
 POLICIES: tuple[str, ...] = ("fifo", "priority", "fair")
@@ -25,7 +26,7 @@ class Phase:
     """One step of a job's cycle."""
 
     name: str
-    kind: PhaseKind
+    kind: PhaseResource
     seconds: float
     #: relative half-width of the uniform jitter on `seconds` (0.1: +-10 %)
     jitter: float = 0.0
