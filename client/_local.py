@@ -28,15 +28,8 @@ _MODES = {"offload": agent_pb2.OFFLOAD_MODE_OFFLOAD, "discard": agent_pb2.OFFLOA
 
 
 def default_socket_path() -> Path:
-    """`$RLSLICE_AGENT_SOCKET`, else the agent's default: `$XDG_RUNTIME_DIR/rlslice/agent.sock`
-    or `/tmp/rlslice-<uid>/agent.sock` (the same rule as the agent; a test pins it)."""
-    configured = os.environ.get(ENV_AGENT_SOCKET)
-    if configured:
-        return Path(configured)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "rlslice" / "agent.sock"
-    return Path("/tmp") / f"rlslice-{os.getuid()}" / "agent.sock"
+    """`$RLSLICE_AGENT_SOCKET`, else the agent's default socket (`rlslice.env.agent_socket`)."""
+    return env.agent_socket(os.environ)
 
 
 @dataclass(frozen=True)

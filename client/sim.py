@@ -31,7 +31,6 @@ import json
 import mmap
 import os
 import re
-import socket
 import threading
 import weakref
 from collections.abc import Iterator
@@ -44,10 +43,6 @@ from rlslice.units import format_bytes
 
 __all__ = ["SimBuffer", "SimJobDevice", "SimOutOfMemoryError", "attach"]
 
-DEFAULT_ROOT = env.DEFAULT_SIM_ROOT
-ENV_SIM_DIR = env.SIM_DIR
-ENV_SIM_ROOT = env.SIM_ROOT
-ENV_NODE = env.NODE
 ENV_JOB = env.JOB
 _counter = itertools.count()
 _live: weakref.WeakSet[SimBuffer] = weakref.WeakSet()
@@ -55,13 +50,6 @@ _live: weakref.WeakSet[SimBuffer] = weakref.WeakSet()
 
 class SimOutOfMemoryError(ResourceExhaustedError, MemoryError):
     """An allocation does not fit in the emulated device's free memory."""
-
-
-def _node_name() -> str:
-    # Same rule as the agent's default node name (a test pins that they agree).
-    name = socket.gethostname().split(".")[0].lower()
-    name = re.sub(r"[^a-z0-9-]+", "-", name).strip("-")[:63].strip("-")
-    return name or "node"
 
 
 @contextlib.contextmanager
@@ -174,14 +162,7 @@ def attach(
     job = validate_id(job or os.environ.get(ENV_JOB, ""), "job")
     index = _visible_device(index)
     if node_dir is None:
-        env_dir = os.environ.get(ENV_SIM_DIR)
-        if env_dir:
-            node_dir = env_dir
-        else:
-            root = os.environ.get(ENV_SIM_ROOT) or DEFAULT_ROOT
-            node_dir = Path(root) / validate_id(
-                node or os.environ.get(ENV_NODE) or _node_name(), "node"
-            )
+        node_dir = env.sim_node_dir(os.environ, node)
     folder = Path(node_dir)
     try:
         table = json.loads((folder / "devices.json").read_text())

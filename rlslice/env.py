@@ -11,14 +11,22 @@ means one thing to a job and another to a server on the same host.
 
 `token_from(env)` and `tls_from(env)` resolve the two settings that take more than one
 variable, the same way for the client and for every client-side command.
+
+The rules that turn names into places live here too, so the agent and its jobs compute
+them once: `default_node_name()` (the host name as a DNS-1123 label), `default_agent_socket`
+(the agent's Unix socket when none is configured) and `agent_socket` (where a job looks
+for it), `sim_root` and `sim_node_dir` (the `sim` backend's shared-memory folders).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from rlslice._errors import InvalidArgumentError
+from rlslice._ids import validate_id
 from rlslice.config import TLSConfig
 
 SCHEDULER = "RLSLICE_SCHEDULER"
@@ -102,3 +110,50 @@ def tls_from(env: Mapping[str, str]) -> TLSConfig | None:
         key=Path(key) if key else None,
         server_name=value(env, TLS_SERVER_NAME),
     )
+
+
+def default_node_name(host: str | None = None) -> str:
+    """`host` (default: this host's name) as a DNS-1123 label: its first dot-separated part,
+    lower case, other characters replaced by '-', at most 63; `node` when nothing is left.
+
+    The agent's default node name and the node a job's `sim` client attaches to."""
+    if host is None:
+        host = os.uname().nodename
+    name = host.split(".")[0].lower()
+    name = re.sub(r"[^a-z0-9-]+", "-", name).strip("-")[:63].strip("-")
+    return name or "node"
+
+
+def default_agent_socket(env: Mapping[str, str]) -> Path:
+    """The agent's Unix socket when none is configured: `$XDG_RUNTIME_DIR/rlslice/agent.sock`,
+    else `/tmp/rlslice-<uid>/agent.sock`."""
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "rlslice" / "agent.sock"
+    return Path("/tmp") / f"rlslice-{os.getuid()}" / "agent.sock"
+
+
+def agent_socket(env: Mapping[str, str]) -> Path:
+    """Where a job finds its node's agent: `RLSLICE_AGENT_SOCKET`, else the agent's default
+    (`default_agent_socket`)."""
+    configured = env.get(AGENT_SOCKET)
+    if configured:
+        return Path(configured)
+    return default_agent_socket(env)
+
+
+def sim_root(env: Mapping[str, str]) -> Path:
+    """The `sim` backend's shared-memory folder: `RLSLICE_SIM_ROOT`, else `DEFAULT_SIM_ROOT`."""
+    return Path(env.get(SIM_ROOT) or DEFAULT_SIM_ROOT)
+
+
+def sim_node_dir(env: Mapping[str, str], node: str | None = None) -> Path:
+    """One node's `sim` folder: `RLSLICE_SIM_DIR`, else `sim_root(env)` joined with `node`,
+    `RLSLICE_NODE` or `default_node_name()`, first given wins.
+
+    Raises `InvalidArgumentError` when that node name is not a DNS-1123 label."""
+    configured = env.get(SIM_DIR)
+    if configured:
+        return Path(configured)
+    name = node or env.get(NODE) or default_node_name()
+    return sim_root(env) / validate_id(name, "node")

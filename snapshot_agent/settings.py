@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import os
-import re
-import socket
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlslice import env
 from rlslice._ids import validate_id
 from rlslice.config import TLSConfig
 
 GiB = 1 << 30
-
-
-def default_node_name() -> str:
-    """This host's name as a DNS-1123 label (lower case, other characters replaced by '-').
-
-    `rlslice.client.sim` computes the same name: a test pins that they agree.
-    """
-    name = socket.gethostname().split(".")[0].lower()
-    name = re.sub(r"[^a-z0-9-]+", "-", name).strip("-")[:63].strip("-")
-    return name or "node"
-
-
-def default_socket_path() -> Path:
-    """`$XDG_RUNTIME_DIR/rlslice/agent.sock`, else `/tmp/rlslice-<uid>/agent.sock`.
-
-    `rlslice.client._local` computes the same path: a test pins that they agree.
-    """
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "rlslice" / "agent.sock"
-    return Path("/tmp") / f"rlslice-{os.getuid()}" / "agent.sock"
 
 
 def default_state_dir() -> Path:
@@ -57,7 +35,7 @@ class SimSettings(BaseModel):
     """Copy rate between device and host, GB/s (1e9 bytes per second); 0 means unlimited."""
     overhead_seconds: Annotated[float, Field(ge=0, le=60)] = 0.0
     """Fixed cost added to every snapshot and restore (driver work, synchronisation)."""
-    root: Path = Path("/dev/shm/rlslice-sim")
+    root: Path = Path(env.DEFAULT_SIM_ROOT)
     """Shared-memory directory holding one folder per node (device memory, parked copies).
 
     Jobs find it through `RLSLICE_SIM_ROOT` when it is not the default."""
@@ -78,16 +56,18 @@ class AgentSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    node: str = Field(default_factory=default_node_name)
-    """Node name, a DNS-1123 label; defaults to the host name made into one."""
+    node: str = Field(default_factory=lambda: env.default_node_name())
+    """Node name, a DNS-1123 label; defaults to the host name made into one
+    (`rlslice.env.default_node_name`, the rule a job's `sim` client follows too)."""
     address: str = "127.0.0.1:0"
     """TCP address of the Agent service, `host:port` (port 0 picks a free one). A
     non-loopback host needs an agent token (mutual TLS alone does not do)."""
     advertise_address: str | None = None
     """Address the scheduler should dial; defaults to `address` with the bound port (and
     the host name in place of an unspecified host such as 0.0.0.0)."""
-    socket_path: Path = Field(default_factory=default_socket_path)
-    """Unix socket for local registration (LocalAgent). Only jobs on this node reach it."""
+    socket_path: Path = Field(default_factory=lambda: env.default_agent_socket(os.environ))
+    """Unix socket for local registration (LocalAgent). Only jobs on this node reach it;
+    the default is `rlslice.env.default_agent_socket`, where jobs look for it too."""
     socket_mode: Annotated[int, Field(ge=0, le=0o777)] = 0o660
     """Permission bits of the Unix socket: 0o660 lets the agent's group register, 0o666
     everyone on the node."""

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from rlslice import env
 from rlslice.snapshot_agent.backends import _freeze, _simfs, _simswap
 from rlslice.snapshot_agent.backends._simcopy import (
     CHUNK,
@@ -66,7 +67,7 @@ from rlslice.snapshot_agent.backends.base import (
 )
 
 GiB = 1 << 30
-DEFAULT_ROOT = "/dev/shm/rlslice-sim"
+DEFAULT_ROOT = env.DEFAULT_SIM_ROOT
 
 
 def _float(options: Mapping[str, str], key: str, default: float) -> float:

@@ -236,21 +236,6 @@ async def test_probe_lists_every_backend_with_a_reason_for_the_unusable(stub: An
         assert probe.detail
 
 
-def test_the_client_and_the_agent_agree_on_default_paths_and_names(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from rlslice.client import sim
-    from rlslice.client._local import default_socket_path as client_socket
-    from rlslice.snapshot_agent.settings import default_node_name, default_socket_path
-
-    assert sim._node_name() == default_node_name()
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    assert client_socket() == default_socket_path()
-    assert default_socket_path().name == "agent.sock"
-    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1234")
-    assert client_socket() == default_socket_path() == Path("/run/user/1234/rlslice/agent.sock")
-
-
 async def test_an_address_already_taken_is_refused_naming_the_field(
     agent: RunningAgent, make_settings: Callable[..., AgentSettings]
 ) -> None:
