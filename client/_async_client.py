@@ -1,8 +1,8 @@
 """`AsyncClient`: the one implementation of the job-side API (the sync `Client` wraps it).
 
-The class is in parts: its fields and helpers (`_client_core`), its wire calls for the lock
-(`_lock_calls`) and its phases' shared holds (`_phase_holds`); here are its public calls,
-its construction and its close.
+The class is in parts: its fields, its wiring and helpers (`_client_core`) and its phases'
+shared holds (`_phase_holds`); here are its public calls, its construction and its close.
+What it holds is in `_holds`, its calls to the scheduler in `_lock_calls` and `_wire`.
 """
 
 from __future__ import annotations
@@ -11,24 +11,15 @@ import asyncio
 import logging
 import math
 import os
-import secrets
 from collections.abc import Iterable
 from types import TracebackType
 from typing import overload
 
-from rlslice._errors import (
-    DeadlineExceededError,
-    FailedPreconditionError,
-    RlsliceError,
-)
+from rlslice._errors import DeadlineExceededError, FailedPreconditionError, RlsliceError
 from rlslice._ids import validate_seconds
 from rlslice.adapters.tracing import ACQUIRE, span
-from rlslice.client._backoff import Backoff
-from rlslice.client._client_core import Held
-from rlslice.client._connection import Connection, RpcFailed
-from rlslice.client._give_back import GiveBacks
-from rlslice.client._homecoming import Homecomings
-from rlslice.client._leases import Leases, YieldRequestedCallback
+from rlslice.client._client_core import Wired, connect
+from rlslice.client._leases import Lease, YieldRequestedCallback
 from rlslice.client._phase import (
     AsyncGroupsPhase,
     AsyncPhase,
@@ -40,12 +31,9 @@ from rlslice.client._phase_holds import PhaseHoldsMixin
 from rlslice.client._results import Grant, YieldResult
 from rlslice.client._settings import ClientSettings, resolve_settings
 from rlslice.config import TLSConfig
-from rlslice.v1alpha1 import scheduler_pb2 as pb
 
 log = logging.getLogger("rlslice.client")
 
-#: Seconds a call other than Acquire keeps retrying while the scheduler is unreachable.
-RETRY_SECONDS = 30.0
 #: Longest acquire timeout accepted (a year).
 MAX_TIMEOUT = 365 * 86_400.0
 
@@ -93,34 +81,7 @@ class AsyncClient(PhaseHoldsMixin):
             env=os.environ,
             device_bytes=device_bytes,
         )
-        self._conn: Connection | None = None
-        self._leases: Leases | None = None
-        self._give_backs: GiveBacks | None = None
-        if self._settings.scheduler is None:
-            log.info(
-                "no scheduler configured (scheduler= or RLSLICE_SCHEDULER): client disabled, every call passes through"
-            )
-        else:
-            self._conn = Connection(
-                self._settings.scheduler,
-                tls=self._settings.tls,
-                token=self._settings.token,
-                backoff=Backoff(),
-                retry_seconds=RETRY_SECONDS,
-            )
-            # One session per client object: its waits and holds are one thread of control
-            # for the scheduler's deadlock check, apart from other processes of the job.
-            self._leases = Leases(
-                self._conn,
-                self._settings,
-                on_yield_requested,
-                session=secrets.token_hex(8),
-                on_renewed=self._lease_renewed,
-            )
-            self._give_backs = GiveBacks(self._conn, self.job, lambda group: group in self._held)
-        self._holds = {}
-        self._held = {}
-        self._homecomings = Homecomings(self._acquire_home, self._yield)
+        self._wired, self._holds = connect(self._settings, on_yield_requested)
         self._agent_registered = False
         self._agent_lock = asyncio.Lock()
         self._closed = False
@@ -151,7 +112,7 @@ class AsyncClient(PhaseHoldsMixin):
     @property
     def disabled(self) -> bool:
         """True when no scheduler is configured and every call passes through."""
-        return self._settings.scheduler is None
+        return self._wired is None
 
     def yield_requested(self, group: str | None = None) -> bool:
         """Whether the scheduler asks this job to yield `group`: it held past
@@ -193,27 +154,30 @@ class AsyncClient(PhaseHoldsMixin):
         if phase:
             validate_phase(phase)
         self._check_open()
-        if self._leases is None or self._conn is None or self._give_backs is None:
+        wired = self._wired
+        if wired is None:
             return Grant(0, 0.0, False, 0.0, 0, group_id, self.job, disabled=True)
-        if self._homecomings.outstanding(group_id):
-            await self._homecomings.settle(group_id)  # this acquire brings the state home
-        await self._give_backs.settle(group_id)  # a grant an earlier acquire left unread
+        if self._holds.coming_home(group_id):
+            await self._holds.settle(group_id)  # this acquire brings the state home
+        await wired.give_backs.settle(group_id)  # a grant an earlier acquire left unread
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = None if timeout is None else started + timeout
         async with span(ACQUIRE, group=group_id, job=self.job, phase=phase or None) as traced:
+            lease: Lease | None = None
             try:
                 await self._start(group_id)
-                lease = await self._leases.get(group_id, deadline)
-                grant = await self._acquire_or_give_back(lease, phase, deadline, started)
-            except RpcFailed as failed:
+                lease = await wired.leases.get(group_id, deadline)
+                grant = await self._acquire_or_give_back(wired, lease, phase, deadline, started)
+            except RlsliceError as error:
                 if self._closed:  # close() cut the call: say so, whatever the channel said
                     raise FailedPreconditionError("client: closed") from None
-                if isinstance(failed.error, DeadlineExceededError):
+                if lease is not None and isinstance(error, DeadlineExceededError):
+                    # (A Register's own deadline error says what it found: left as it is.)
                     raise DeadlineExceededError(
                         f"timeout: group {group_id!r} not granted within {timeout:g} s"
                     ) from None
-                raise failed.error from None
+                raise
             except asyncio.CancelledError:
                 # Closing the channel cancels calls under it; only a cancellation of this
                 # task itself is the caller's own and propagates as one.
@@ -228,9 +192,31 @@ class AsyncClient(PhaseHoldsMixin):
                 moved_bytes=grant.moved_bytes,
                 restored=grant.restored,
             )
-            self._held[group_id] = Held(grant, lease.generation)
+            self._holds.granted(group_id, grant)
             lease.clear_yield_request()  # any earlier request was about an earlier hold
             return grant
+
+    async def _acquire_or_give_back(
+        self, wired: Wired, lease: Lease, phase: str, deadline: float | None, started: float
+    ) -> Grant:
+        """The Acquire; when the caller cancels or the timeout passes, the grant may have
+        been decided all the same (its answer on the way): give it back before propagating
+        (see `client._give_back`), so the job neither holds the group unawares nor is
+        refused its next acquire."""
+        give_backs = wired.give_backs
+        give_backs.started(lease.group)
+        try:
+            grant = await wired.lock_calls.acquire(lease, phase, deadline, started)
+        except (asyncio.CancelledError, DeadlineExceededError):
+            give_backs.ended(lease.group)
+            if not self._closed:  # close() unregisters, which gives everything back
+                await give_backs.give_back(lease)
+            raise
+        except BaseException:
+            give_backs.ended(lease.group)
+            raise
+        give_backs.ended(lease.group)
+        return grant
 
     async def yield_(self, group: str | None = None) -> YieldResult:
         """Give `group` up. Returns at once; only the holder may yield.
@@ -239,15 +225,16 @@ class AsyncClient(PhaseHoldsMixin):
         """
         group_id = self._group(group)
         self._check_open()
-        if self._conn is None:
+        wired = self._wired
+        if wired is None:
             return YieldResult(0, False, disabled=True)
-        held = self._held.get(group_id)
-        if held is not None and self._lost(group_id, held.generation):
-            await self._end_lost_hold(group_id)
+        hold = self._holds.of(group_id)
+        if hold.held and self._holds.lost(hold):
+            await self._holds.end_lost(group_id)
             raise lock_lost(
-                self.job, group_id, held.grant, "its lease lapsed and was registered again"
+                self.job, group_id, hold.grant, "its lease lapsed and was registered again"
             )
-        return await self._yield(group_id, None)
+        return await self._yield(wired, group_id, None)
 
     @overload
     def phase(self, name: str, group: str | None = None) -> AsyncPhase: ...
@@ -288,39 +275,31 @@ class AsyncClient(PhaseHoldsMixin):
         """
         if self._closed:
             return
-        await self._homecomings.close()
+        await self._holds.close()
         if bring_home:
             validate_seconds(
                 timeout, "timeout", minimum=1e-3, maximum=MAX_TIMEOUT, allow_zero=False
             )
             await self._bring_home(timeout)
         self._closed = True
-        if self._leases is not None:
-            await self._leases.close()
-        if self._conn is not None:
-            await self._conn.close()
+        if self._wired is not None:
+            await self._wired.leases.close()
+            await self._wired.wire.close()
 
     async def _bring_home(self, timeout: float) -> None:
         """Acquire each group where the scheduler has this job's state parked (or faulted)."""
-        if self._leases is None or self._conn is None:
+        if self._wired is None:
             return
-        for group in self._leases.groups():
+        for group in self._wired.leases.groups():
             try:
-                status = await self._conn.call(
-                    "GetGroup",
-                    pb.GetGroupRequest(group=group),
-                    pb.GroupStatus,
-                    deadline=asyncio.get_running_loop().time() + min(timeout, 10.0),
-                )
-                mine = next((j for j in status.jobs if j.job == self.job), None)
+                deadline = asyncio.get_running_loop().time() + min(timeout, 10.0)
+                status = await self._wired.wire.group(group, deadline)
+                away = self.job in status.parked or self.job in status.faulted
                 # A lock-only job has nothing parked anywhere: nothing to bring home.
-                away = self.job in status.parked or (
-                    mine is not None and mine.state == pb.JOB_STATE_FAULTED
-                )
-                if status.holder == self.job or not away or (mine and mine.lock_only):
+                if status.holder == self.job or not away or self.job in status.lock_only:
                     continue
                 await self.acquire(timeout=timeout, group=group, phase="close")
-            except (RlsliceError, RpcFailed) as error:
+            except RlsliceError as error:
                 log.warning(
                     "close: job %s could not bring its state home from group %r: %s",
                     self.job,

@@ -2,7 +2,9 @@
 
 A scheduler restart shows up as UNAVAILABLE. The channel reconnects by itself (with a short
 reconnect backoff set below); this module retries the call with capped exponential backoff
-until the caller's deadline or the retry budget runs out, then raises the mapped error.
+until the caller's deadline or the retry budget runs out. Failures come out as the typed
+rlslice errors of `rlslice.adapters.grpc_errors`, the one translator. The calls themselves
+(their protobuf, their method names) are built in `client._wire`, the one module that does.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -44,22 +47,15 @@ RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
 WARN_AFTER_SECONDS = 5.0
 
 
-class RpcFailed(Exception):
-    """A call failed; `error` is the rlslice error to raise for it.
+@dataclass(frozen=True)
+class Landed:
+    """An earlier attempt of a call did what was asked, its answer lost in an outage: the
+    server refuses the repeat with `error` (an Acquire with ALREADY_EXISTS, say)."""
 
-    Callers branch on the type of `error` (a `NotFoundError`, an `UnavailableError`...),
-    never on raw status codes: `rlslice.adapters.grpc_errors` is the one translator.
-    """
-
-    def __init__(self, error: RlsliceError) -> None:
-        super().__init__(str(error))
-        self.error = error
-        #: Whether an earlier attempt of the same call failed with UNAVAILABLE, so the
-        #: server may have acted on a request whose answer was lost.
-        self.retried = False
+    error: RlsliceError
 
 
-class Connection:
+class SchedulerConnection:
     """One channel to one scheduler, shared by every group a client uses."""
 
     def __init__(
@@ -83,7 +79,7 @@ class Connection:
 
     def _ensure_open(self) -> Any:
         if self._closed:  # ends calls (an acquire retrying, say) that outlive close()
-            raise RpcFailed(FailedPreconditionError("client: closed"))
+            raise FailedPreconditionError("client: closed")
         # grpc.aio binds a channel to the running loop, so it is made on first use.
         if self._stub is None:
             self._channel = open_channel(
@@ -103,12 +99,12 @@ class Connection:
     async def once(
         self, method: str, request: Message, response: type[T], *, timeout: float | None
     ) -> T:
-        """One attempt of `method`; raises RpcFailed on any gRPC error."""
+        """One attempt of `method`; a gRPC error is raised as its rlslice error."""
         stub = self._ensure_open()
         try:
             answer = await getattr(stub, method)(request, timeout=timeout)
         except grpc.aio.AioRpcError as error:
-            raise RpcFailed(error_from_rpc(error)) from error
+            raise error_from_rpc(error) from error
         return cast(T, answer)
 
     async def call(
@@ -124,8 +120,27 @@ class Connection:
         """`method` retried on UNAVAILABLE until `deadline` (loop time) or the retry budget.
 
         `retry_seconds` None takes the connection's default budget; `float("inf")` retries
-        until the deadline. Any other failure raises RpcFailed at once.
+        until the deadline. Any other failure raises its rlslice error at once.
         """
+        answer = await self.call_landing(
+            method, request, response, deadline=deadline, retry_seconds=retry_seconds, what=what
+        )
+        assert not isinstance(answer, Landed)  # nothing counts as landed here
+        return answer
+
+    async def call_landing(
+        self,
+        method: str,
+        request: Message,
+        response: type[T],
+        *,
+        deadline: float | None = None,
+        retry_seconds: float | None = None,
+        what: str = "",
+        landed: tuple[type[RlsliceError], ...] = (),
+    ) -> T | Landed:
+        """`call`; an error of a type in `landed` after an attempt found the scheduler
+        unreachable is returned as `Landed`: that attempt may have done what was asked."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         budget = self._retry_seconds if retry_seconds is None else retry_seconds
@@ -138,19 +153,17 @@ class Connection:
                 why = (
                     f"; scheduler {self.address} unreachable: {unreachable}" if unreachable else ""
                 )
-                failed = RpcFailed(DeadlineExceededError(f"{what or method}: deadline passed{why}"))
-                failed.retried = unreachable is not None
-                raise failed
+                raise DeadlineExceededError(f"{what or method}: deadline passed{why}")
             try:
                 return await self.once(method, request, response, timeout=timeout)
-            except RpcFailed as failed:
-                failed.retried = unreachable is not None
-                if (
-                    not isinstance(failed.error, UnavailableError)
-                    or loop.time() >= started + budget
-                ):
+            except UnavailableError as error:
+                if loop.time() >= started + budget:
                     raise
-                unreachable = str(failed)
+                unreachable = str(error)
+            except landed as error:
+                if unreachable is None:
+                    raise
+                return Landed(error)
             if not warned and loop.time() - started > WARN_AFTER_SECONDS:
                 # Say so once: a restart takes seconds, a wrong address or TLS setup forever.
                 log.warning(

@@ -21,15 +21,17 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from rlslice._errors import FailedPreconditionError
-from rlslice.client._connection import Connection, RpcFailed
+from rlslice._errors import FailedPreconditionError, RlsliceError
 from rlslice.client._leases import LEASE_UNKNOWN, Lease
-from rlslice.v1alpha1 import scheduler_pb2 as pb
+from rlslice.client._wire import SchedulerWire
 
 log = logging.getLogger("rlslice.client")
 
 #: Seconds a give-back keeps asking (an unreachable scheduler, or one slow to see the cancel).
 GIVE_BACK_SECONDS = 5.0
+#: Errors with which a Yield says there is nothing to give back: the scheduler gave the
+#: group back itself, or the lease is gone with it.
+GIVEN_BACK: tuple[type[RlsliceError], ...] = (FailedPreconditionError, *LEASE_UNKNOWN)
 #: Pause between two looks while the scheduler still has the job in the queue.
 RECHECK_SECONDS = 0.01
 
@@ -37,8 +39,8 @@ RECHECK_SECONDS = 0.01
 class GiveBacks:
     """The give-backs of one client, at most one per group at a time."""
 
-    def __init__(self, connection: Connection, job: str, holds: Callable[[str], bool]) -> None:
-        self._conn = connection
+    def __init__(self, wire: SchedulerWire, job: str, holds: Callable[[str], bool]) -> None:
+        self._wire = wire
         self._job = job
         self._holds = holds
         """Whether the client knows it holds the group (a grant it delivered): never given back."""
@@ -83,44 +85,31 @@ class GiveBacks:
     async def _run(self, lease: Lease, generation: int) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + GIVE_BACK_SECONDS
-        request = pb.GetGroupRequest(group=lease.group)
         try:
             while True:
-                status = await self._conn.call(
-                    "GetGroup", request, pb.GroupStatus, deadline=give_up, retry_seconds=None
-                )
+                status = await self._wire.group(lease.group, give_up)
                 if status.holder == self._job:
                     await self._yield(lease, generation, status.epoch)
                     return
                 if self._job not in status.queue or loop.time() >= give_up:
                     return
                 await asyncio.sleep(RECHECK_SECONDS)
-        except RpcFailed as failed:
+        except RlsliceError as error:
             log.warning(
                 "job %r: could not make sure an unread grant of group %r was given back: %s",
                 self._job,
                 lease.group,
-                failed,
+                error,
             )
 
     async def _yield(self, lease: Lease, generation: int, epoch: int) -> None:
         if lease.generation != generation or self._holds(lease.group):
             return  # registered again (that grant is gone), or a later acquire delivered it
-        request = pb.YieldRequest(
-            job=self._job, group=lease.group, lease_id=lease.lease_id, secret=lease.secret
-        )
+        deadline = asyncio.get_running_loop().time() + GIVE_BACK_SECONDS
         try:
-            await self._conn.call(
-                "Yield",
-                request,
-                pb.YieldResponse,
-                deadline=asyncio.get_running_loop().time() + GIVE_BACK_SECONDS,
-                retry_seconds=None,
-            )
-        except RpcFailed as failed:
-            if isinstance(failed.error, (FailedPreconditionError, *LEASE_UNKNOWN)):
-                return  # the scheduler gave it back itself, or the lease is gone with it
-            raise
+            await self._wire.yield_(lease, deadline, retry_seconds=None)
+        except GIVEN_BACK:
+            return  # the scheduler gave it back itself, or the lease is gone with it
         log.info(
             "job %r: gave back group %r (epoch %d), granted as its acquire was cancelled",
             self._job,

@@ -3,7 +3,8 @@
 The keep-alive of a lease runs every third of its ttl; it carries the scheduler's
 `yield_requested` back to the job. A lease the scheduler no longer knows (it lapsed, or a
 scheduler with an in-memory store restarted) is registered again; a lock held under the
-old lease is gone, which `generation` lets a phase notice. `expires_at` is the client's own
+old lease is gone, which `generation` lets a hold notice: the keep-alive tells its listeners
+(`subscribe`) that it registered a group again. `expires_at` is the client's own
 conservative view of the lease deadline: a phase that finds it passed while the scheduler
 cannot be reached knows its lock may be lost (the scheduler fences the job then).
 """
@@ -18,17 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlslice._errors import (
-    AlreadyExistsError,
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
     RlsliceError,
 )
-from rlslice.client._backoff import Backoff
-from rlslice.client._connection import Connection, RpcFailed
 from rlslice.client._settings import ClientSettings
-from rlslice.config import DEFAULT_LEASE_SECONDS
-from rlslice.v1alpha1 import scheduler_pb2 as pb
+from rlslice.client._wire import Renewal, SchedulerWire
 
 log = logging.getLogger("rlslice.client")
 
@@ -42,8 +39,8 @@ UNREGISTER_TIMEOUT = 5.0
 
 YieldRequestedCallback = Callable[[str, float], object]
 """`on_yield_requested(group, preempt_in_seconds)`; may be a coroutine function."""
-RenewedCallback = Callable[[str], None]
-"""`on_renewed(group)`: the keep-alive registered the group again (the old lease lapsed)."""
+RegisteredAgain = Callable[[str], None]
+"""`listener(group)`: the keep-alive registered the group again (the old lease lapsed)."""
 
 
 @dataclass
@@ -59,8 +56,8 @@ class Lease:
     yield_requested: bool = False
     preempt_in_seconds: float = 0.0
     """Seconds before preemption when asked to yield; infinite for an early yield."""
-    yield_reason: int = pb.YIELD_REASON_UNSPECIFIED
-    """Why the scheduler asks (`pb.YieldReason`): held too long, preempted, a train waits."""
+    yield_reason: str = ""
+    """Why the scheduler asks ("max_hold", "preempted", "train_waiting"); "" when not."""
     yield_event: asyncio.Event = field(default_factory=asyncio.Event)
     """Set while `yield_requested` (what `phase.wait_should_yield()` awaits)."""
     task: asyncio.Task[None] | None = None
@@ -73,11 +70,11 @@ class Lease:
         """Whether the scheduler may have lapsed the lease by `now` (no renewal answered)."""
         return now >= self.expires_at
 
-    def note_yield_request(self, asked: bool, preempt_in: float, reason: int) -> None:
+    def note_yield_request(self, asked: bool, preempt_in: float, reason: str) -> None:
         """Keep the scheduler's latest word on yielding (a KeepAlive answer)."""
         self.yield_requested = asked
         self.preempt_in_seconds = preempt_in if asked else 0.0
-        self.yield_reason = reason if asked else pb.YIELD_REASON_UNSPECIFIED
+        self.yield_reason = reason if asked else ""
         if asked:
             self.yield_event.set()
         else:
@@ -85,7 +82,7 @@ class Lease:
 
     def clear_yield_request(self) -> None:
         """Forget a request: it was about a hold that ended (a new grant, a new lease)."""
-        self.note_yield_request(False, 0.0, pb.YIELD_REASON_UNSPECIFIED)
+        self.note_yield_request(False, 0.0, "")
 
 
 class Leases:
@@ -93,21 +90,22 @@ class Leases:
 
     def __init__(
         self,
-        connection: Connection,
+        wire: SchedulerWire,
         settings: ClientSettings,
         on_yield_requested: YieldRequestedCallback | None,
-        session: str = "",
-        on_renewed: RenewedCallback | None = None,
     ) -> None:
-        self._conn = connection
+        self._wire = wire
         self._settings = settings
-        self._session = session
         self._on_yield_requested = on_yield_requested
-        self._on_renewed = on_renewed
+        self._listeners: list[RegisteredAgain] = []
         self._leases: dict[str, Lease] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._callbacks: set[asyncio.Task[None]] = set()
         self._closing = False
+
+    def subscribe(self, listener: RegisteredAgain) -> None:
+        """Have `listener(group)` called each time the keep-alive registers a group again."""
+        self._listeners.append(listener)
 
     def peek(self, group: str) -> Lease | None:
         """The lease in `group`, if the client registered there."""
@@ -126,7 +124,7 @@ class Leases:
             lease = self._leases.get(group)
             if lease is None:
                 sent = asyncio.get_running_loop().time()
-                answer = await self._register(group, deadline)
+                answer = await self._wire.register(group, deadline)
                 lease = Lease(group, answer.lease_id, answer.secret, answer.lease_seconds)
                 lease.expires_at = sent + answer.lease_seconds
                 if self._closing:  # closed while registering: give the lease straight back
@@ -146,7 +144,7 @@ class Leases:
             if self._closing:
                 raise FailedPreconditionError("client: closed")
             sent = asyncio.get_running_loop().time()
-            answer = await self._register(lease.group, deadline)
+            answer = await self._wire.register(lease.group, deadline)
             lease.lease_id, lease.secret = answer.lease_id, answer.secret
             lease.ttl = answer.lease_seconds
             lease.expires_at = sent + answer.lease_seconds
@@ -165,68 +163,18 @@ class Leases:
         generation = lease.generation
         try:
             await self._renewal(lease, deadline)
-        except RpcFailed as failed:
-            if isinstance(failed.error, LEASE_UNKNOWN):
-                return False
-            raise
+        except LEASE_UNKNOWN:
+            return False
         return lease.generation == generation
 
-    async def _renewal(self, lease: Lease, deadline: float | None) -> pb.KeepAliveResponse:
+    async def _renewal(self, lease: Lease, deadline: float | None) -> Renewal:
         """One KeepAlive of `lease`, retried through an outage until `deadline`. Its answer
         moves the local deadline on, unless the lease was registered again meanwhile."""
         generation = lease.generation
         sent = asyncio.get_running_loop().time()
-        request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
-        answer = await self._conn.call(
-            "KeepAlive", request, pb.KeepAliveResponse, deadline=deadline, retry_seconds=math.inf
-        )
+        answer = await self._wire.keep_alive(lease, deadline)
         if lease.generation == generation:
             lease.expires_at = sent + answer.ttl_seconds
-        return answer
-
-    async def _register(self, group: str, deadline: float | None) -> pb.RegisterResponse:
-        s = self._settings
-        request = pb.RegisterRequest(
-            job=s.job,
-            group=group,
-            lease_seconds=s.lease_seconds,
-            device_bytes=s.device_bytes,
-            session=self._session,
-        )
-        if s.priority is not None:
-            request.priority = s.priority
-        if s.weight is not None:
-            request.weight = s.weight
-        loop = asyncio.get_running_loop()
-        # A Register whose answer a restart lost left a lease we hold no secret for: wait
-        # for it to lapse rather than fail (a fresh client gets ALREADY_EXISTS at once).
-        orphan_gone = loop.time() + (s.lease_seconds or DEFAULT_LEASE_SECONDS) + 1.0
-        delays = Backoff(initial=0.2, cap=2.0).delays()
-        orphaned = False
-        while True:
-            try:
-                # Like Acquire, retried through an outage until the caller's deadline.
-                answer = await self._conn.call(
-                    "Register",
-                    request,
-                    pb.RegisterResponse,
-                    deadline=deadline,
-                    retry_seconds=math.inf,
-                    what="register",
-                )
-                break
-            except RpcFailed as failed:
-                orphaned = orphaned or failed.retried
-                exists = isinstance(failed.error, AlreadyExistsError)
-                if not (exists and orphaned) or loop.time() > orphan_gone:
-                    raise failed.error from None
-                log.warning("job %r: waiting for an orphaned lease in %r to lapse", s.job, group)
-            await asyncio.sleep(next(delays))
-        log.debug(
-            "job %r registered in group %r (lease %.1f s)", s.job, group, answer.lease_seconds
-        )
-        if answer.warning:  # the scheduler's word on this job, e.g. that it is lock only
-            log.warning("scheduler: %s", answer.warning)
         return answer
 
     async def _keep_alive(self, lease: Lease) -> None:
@@ -237,11 +185,11 @@ class Leases:
             try:
                 # Retry through a restart for up to one ttl; the next tick tries again.
                 answer = await self._renewal(lease, loop.time() + max(1.0, lease.ttl))
-            except RpcFailed as failed:
-                if isinstance(failed.error, LEASE_UNKNOWN):
-                    await self._renew_quietly(lease, generation)
-                else:
-                    log.warning("keep-alive of group %r failed: %s", lease.group, failed)
+            except LEASE_UNKNOWN:
+                await self._renew_quietly(lease, generation)
+                continue
+            except RlsliceError as error:
+                log.warning("keep-alive of group %r failed: %s", lease.group, error)
                 continue
             if answer.ttl_seconds > 0:
                 lease.ttl = answer.ttl_seconds
@@ -255,10 +203,11 @@ class Leases:
         except Exception as error:  # the keep-alive must outlive any one failure
             log.warning("registering again in group %r failed: %s", lease.group, error)
             return
-        if self._on_renewed is not None and lease.generation != generation:
-            self._on_renewed(lease.group)
+        if lease.generation != generation:
+            for listener in self._listeners:
+                listener(lease.group)
 
-    def _note_yield_request(self, lease: Lease, answer: pb.KeepAliveResponse) -> None:
+    def _note_yield_request(self, lease: Lease, answer: Renewal) -> None:
         asked_now = answer.yield_requested and not lease.yield_requested
         lease.note_yield_request(
             answer.yield_requested, answer.preempt_in_seconds, answer.yield_reason
@@ -269,7 +218,7 @@ class Leases:
             "scheduler asks job %r to yield group %r (%s; preemption in %.1f s)",
             self._settings.job,
             lease.group,
-            pb.YieldReason.Name(answer.yield_reason).removeprefix("YIELD_REASON_").lower(),
+            answer.yield_reason,
             answer.preempt_in_seconds,
         )
         if self._on_yield_requested is not None:
@@ -312,23 +261,17 @@ class Leases:
     async def _unregister(self, lease: Lease) -> None:
         loop = asyncio.get_running_loop()
         sent = lease.lease_id
-        request = pb.UnregisterRequest(lease_id=lease.lease_id, secret=lease.secret)
         try:
-            await self._conn.call(
-                "Unregister",
-                request,
-                pb.UnregisterResponse,
-                # A restarting scheduler keeps every lease for a ttl after loading; an
-                # Unregister that gives up sooner lets the lease lapse, which releases
-                # without force and leaves a parked job's processes frozen (the soak saw it).
-                deadline=loop.time() + max(UNREGISTER_TIMEOUT, lease.ttl),
-                retry_seconds=math.inf,
+            # A restarting scheduler keeps every lease for a ttl after loading; an
+            # Unregister that gives up sooner lets the lease lapse, which releases
+            # without force and leaves a parked job's processes frozen (the soak saw it).
+            await self._wire.unregister(
+                lease.lease_id, lease.secret, loop.time() + max(UNREGISTER_TIMEOUT, lease.ttl)
             )
-        except RpcFailed as failed:
-            if isinstance(failed.error, LEASE_UNKNOWN):
-                await self._release_lapsed(lease, sent)
-            else:
-                log.warning("unregistering from group %r failed: %s", lease.group, failed)
+        except LEASE_UNKNOWN:
+            await self._release_lapsed(lease, sent)
+        except RlsliceError as error:
+            log.warning("unregistering from group %r failed: %s", lease.group, error)
 
     async def _release_lapsed(self, lease: Lease, sent: str) -> None:
         """The lease `sent` lapsed before the job left (a partition, a stall). A lapse
@@ -347,16 +290,9 @@ class Leases:
             if lease.lease_id != sent:  # the keep-alive registered again meanwhile
                 lease_id, secret = lease.lease_id, lease.secret
             else:
-                answer = await self._register(lease.group, deadline)
+                answer = await self._wire.register(lease.group, deadline)
                 lease_id, secret = answer.lease_id, answer.secret
-            request = pb.UnregisterRequest(lease_id=lease_id, secret=secret)
-            await self._conn.call(
-                "Unregister",
-                request,
-                pb.UnregisterResponse,
-                deadline=deadline,
-                retry_seconds=math.inf,
-            )
+            await self._wire.unregister(lease_id, secret, deadline)
         except Exception as error:  # leaving anyway: say why the state may stay parked
             log.warning(
                 "job %r left group %r after its lease lapsed; releasing its state failed: %s",

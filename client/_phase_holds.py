@@ -1,8 +1,8 @@
 """The `AsyncClient`'s phases: nested and concurrent phases of a client share one hold.
 
-A hold acquires its group when its first phase enters and yields it when its last leaves;
-a lease registered again under a hold means its lock was lost (LockLostError), and the
-state of a lost hold is brought home (`client._homecoming`).
+A hold (`client._holds.GroupHold`) acquires its group when its first phase enters and
+yields it when its last leaves; a lease registered again under a hold means its lock was
+lost (LockLostError), and the state of a lost hold is brought home.
 """
 
 from __future__ import annotations
@@ -16,17 +16,15 @@ from rlslice._errors import (
     PermissionDeniedError,
     UnavailableError,
 )
-from rlslice.client._client_core import Hold
-from rlslice.client._connection import RpcFailed
-from rlslice.client._homecoming import HOMECOMING_PHASE
-from rlslice.client._lock_calls import LockCallsMixin
+from rlslice.client._client_core import ClientCore
+from rlslice.client._holds import GroupHold
 from rlslice.client._phase import LAPSED_YIELD_SECONDS, lock_lost
 from rlslice.client._results import Grant
 
 log = logging.getLogger("rlslice.client")
 
 
-class PhaseHoldsMixin(LockCallsMixin):
+class PhaseHoldsMixin(ClientCore):
     """`AsyncClient`'s phase entries and exits over shared holds."""
 
     async def acquire(
@@ -36,30 +34,29 @@ class PhaseHoldsMixin(LockCallsMixin):
         raise NotImplementedError
 
     async def _enter_phase(self, name: str, group: str) -> Grant:
-        hold = self._holds.setdefault(group, Hold())
+        hold = self._holds.of(group)
         async with hold.lock:
-            if hold.count == 0:
+            if hold.phases == 0:
                 hold.grant = await self.acquire(group=group, phase=name)
-                lease = self._lease_of(group)
-                hold.generation = lease.generation if lease is not None else 0
             else:
                 # A nested phase is the job's next call under the hold: a lost lock says so.
-                self._check_hold(group, hold)
-            hold.count += 1
+                self._check_hold(hold)
+            hold.phases += 1
             assert hold.grant is not None
             return hold.grant
 
     async def _exit_phase(self, group: str) -> None:
-        hold = self._holds[group]
+        hold = self._holds.of(group)
         async with hold.lock:
-            hold.count -= 1
-            if hold.count > 0:
+            hold.phases -= 1
+            if hold.phases > 0:
                 return
-            grant, hold.grant = hold.grant, None
-            if self._lost(group, hold.generation):
-                await self._end_lost_hold(group)
-            self._check_hold(group, hold, grant)
-            if self._closed or self._conn is None:
+            grant = hold.grant
+            if self._holds.lost(hold):
+                await self._holds.end_lost(group)
+            self._check_hold(hold)
+            wired = self._wired
+            if self._closed or wired is None:
                 return
             lease = self._lease_of(group)
             loop = asyncio.get_running_loop()
@@ -68,7 +65,7 @@ class PhaseHoldsMixin(LockCallsMixin):
             # the loss: try briefly, then report it.
             deadline = loop.time() + LAPSED_YIELD_SECONDS if lapsed else None
             try:
-                await self._yield(group, deadline)
+                await self._yield(wired, group, deadline)
             except (NotFoundError, PermissionDeniedError) as error:
                 # The scheduler no longer knows the lease (it lapsed, or a scheduler with an
                 # in-memory store restarted without it): someone else may hold the group.
@@ -80,41 +77,17 @@ class PhaseHoldsMixin(LockCallsMixin):
                     self.job, group, grant, f"the scheduler is unreachable past the lease: {error}"
                 ) from None
 
-    def _lost(self, group: str, generation: int) -> bool:
-        """Whether the lease of `group` was registered again since `generation`."""
-        lease = self._lease_of(group)
-        return lease is not None and lease.generation != generation
-
-    async def _end_lost_hold(self, group: str) -> None:
-        """Forget a hold whose lock was lost, and end its homecoming (see `Homecomings.settle`)."""
-        self._held.pop(group, None)
-        await self._homecomings.settle(group)
-
-    def _lease_renewed(self, group: str) -> None:
-        """The keep-alive registered `group` again: a lock the job held there is lost, and
-        its state may be fenced while its code waits on it; bring it home (see
-        `client._homecoming`)."""
-        held = self._held.get(group)
-        if held is not None and not self._closed and self._lost(group, held.generation):
-            self._homecomings.start(group, self.job)
-
-    async def _acquire_home(self, group: str) -> Grant:
-        assert self._leases is not None
-        lease = await self._leases.get(group, None)
-        try:
-            grant = await self._acquire(
-                lease, HOMECOMING_PHASE, None, asyncio.get_running_loop().time()
-            )
-        except RpcFailed as failed:
-            raise failed.error from None
-        return grant
-
-    def _check_hold(self, group: str, hold: Hold, grant: Grant | None = None) -> None:
+    def _check_hold(self, hold: GroupHold) -> None:
         """Raise LockLostError when the lease the hold was granted under is gone."""
-        if self._lost(group, hold.generation):
-            log.warning("job %r lost group %r during a phase (its lease lapsed)", self.job, group)
+        if self._holds.lost(hold):
+            log.warning(
+                "job %r lost group %r during a phase (its lease lapsed)", self.job, hold.group
+            )
             raise lock_lost(
-                self.job, group, grant or hold.grant, "its lease lapsed and was registered again"
+                self.job,
+                hold.group,
+                hold.grant,
+                "its lease lapsed and was registered again",
             )
 
     async def _enter_phases(self, name: str, groups: tuple[str, ...]) -> dict[str, Grant]:

@@ -90,7 +90,7 @@ async def test_stage_grants_a_waiting_train_before_an_earlier_rollout() -> None:
 
 
 async def _keepalive(sched: TestScheduler, client: AsyncClient) -> pb.KeepAliveResponse:
-    lease = client._leases.peek("gpus") if client._leases else None
+    lease = client._lease_of("gpus")
     assert lease is not None
     request = pb.KeepAliveRequest(lease_id=lease.lease_id, secret=lease.secret)
     return await sched._call("KeepAlive", request, pb.KeepAliveResponse)
