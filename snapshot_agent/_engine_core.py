@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,7 +101,7 @@ class EngineCore:
         return await self.backends.probe()
 
     async def _await_workloads(self, entry: JobEntry, backend: Backend, deadline: float) -> None:
-        """A job moved through its own processes (`app`) whose stream is not open yet (it
+        """(`deadline`: the loop's clock.) A job moved through its own processes (`app`) whose stream is not open yet (it
         registered a moment ago, or this agent restarted and it is reconnecting) gets up to
         WORKLOAD_ATTACH_SECONDS for it, within the move's deadline; then the backend says
         what is missing. A job whose streams closed while this agent ran (its offload loop
@@ -112,7 +111,7 @@ class EngineCore:
             return
         if not backend.needs_workloads:
             return
-        wait = min(WORKLOAD_ATTACH_SECONDS, deadline - time.time())
+        wait = min(WORKLOAD_ATTACH_SECONDS, deadline - asyncio.get_running_loop().time())
         if wait > 0:
             waits = {
                 asyncio.ensure_future(entry.attached.wait()),

@@ -1,7 +1,11 @@
-"""Switches: one node's half of a group switch, snapshots out and a restore in, all or nothing.
+"""Moves: a Snapshot, a Restore and a Switch all run here, as the halves of one switch.
 
-The halves are admitted and planned here under the jobs' locks (taken in job-id order);
-`moves` runs them side by side or one after the other and settles their records.
+A single Snapshot or Restore is a switch of one half; a Switch is one node's half of a
+group switch, snapshots out and a restore in, all or nothing. Every call goes the same
+way: the halves are admitted and planned under the jobs' locks (taken in job-id order),
+begun (on disk before a backend acts, so that a restart knows they were under way), run
+by `moves` (side by side or one after the other, undone on a failure) and settled, each
+job's record as `moves.settled` says. Deadlines are on the loop's clock.
 """
 
 from __future__ import annotations
@@ -10,20 +14,62 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from rlslice._errors import InvalidArgumentError
 from rlslice._ids import validate_id
 from rlslice.snapshot_agent import moves, state
 from rlslice.snapshot_agent._engine_core import EngineCore, check_epoch
 from rlslice.snapshot_agent.jobs import JobEntry
-from rlslice.snapshot_agent.moves import Half, MoveReply, SwitchFailure, SwitchHalf, SwitchReply
+from rlslice.snapshot_agent.moves import Half, MoveReply, SwitchHalf, SwitchReply
 from rlslice.snapshot_agent.processes import families
 from rlslice.snapshot_agent.registry import BackendRegistry
 from rlslice.snapshot_agent.state import Move
 
 
+@dataclass(frozen=True)
+class _Ran:
+    """What one run of halves did on this node."""
+
+    answers: Mapping[str, MoveReply]
+    """Job -> its answer, for every half asked (moved or not)."""
+    moved: tuple[Half, ...]
+    """The halves that were admitted and ran."""
+    overlapped: bool
+    failed: Half | None
+    seconds: float
+
+
 class SwitchingMixin(EngineCore):
-    """The engine's switch part: `switch` and the planning and running of its halves."""
+    """The engine's move part: `move` and `switch`, one path."""
+
+    async def move(
+        self,
+        move: Move,
+        job: str,
+        group: str,
+        epoch: int,
+        *,
+        backend: str = "",
+        options: Mapping[str, str] | None = None,
+        discard_tags: Sequence[str] = (),
+        timeout: float = 120.0,
+    ) -> MoveReply:
+        """Snapshot or restore `job` on this node for `epoch` (see `state.admit`): a switch
+        of that one half, whose failure raises the error it answers with."""
+        validate_id(job, "job")
+        validate_id(group, "group")
+        check_epoch(epoch)
+        BackendRegistry.check_asked(backend)
+        tags = tuple(discard_tags) if move is Move.SNAPSHOT else ()
+        half = SwitchHalf(job, backend, dict(options or {}), tags)
+        ran = await self._shielded(group, epoch, [(half, move)], 0, timeout)
+        if ran.failed is not None:
+            assert ran.failed.error is not None
+            raise moves.move_error(ran.failed.error, move, job) from ran.failed.error
+        if ran.moved:
+            await self.refresh_metrics()
+        return ran.answers[job]
 
     async def switch(
         self,
@@ -51,51 +97,61 @@ class SwitchingMixin(EngineCore):
             BackendRegistry.check_asked(half.backend)
         if len({half.job for half in halves}) != len(halves):
             raise InvalidArgumentError("switch: a job appears twice")
-        deadline = time.time() + timeout
-        task = self._spawn(
-            self._switch(group, epoch, tuple(outgoing), incoming, headroom_bytes, deadline)
-        )
-        result = await asyncio.shield(task)
-        assert isinstance(result, SwitchReply)
-        return result
-
-    async def _switch(
-        self,
-        group: str,
-        epoch: int,
-        outgoing: tuple[SwitchHalf, ...],
-        incoming: SwitchHalf | None,
-        headroom: int,
-        deadline: float,
-    ) -> SwitchReply:
-        started = time.perf_counter()
-        if self._processes is not None:
-            await self._processes.rediscover()
         asked = [(h, Move.SNAPSHOT) for h in outgoing]
         if incoming is not None:
             asked.append((incoming, Move.RESTORE))
+        ran = await self._shielded(group, epoch, asked, headroom_bytes, timeout)
+        if ran.moved:
+            self._spawn(self.refresh_metrics())  # off the switch's path
+        return SwitchReply(
+            outgoing=tuple(ran.answers[o.job] for o in outgoing),
+            incoming=ran.answers[incoming.job] if incoming is not None else None,
+            seconds=ran.seconds,
+            overlapped=ran.overlapped,
+            failure=moves.switch_failure(ran.failed) if ran.failed is not None else None,
+        )
+
+    async def _shielded(
+        self,
+        group: str,
+        epoch: int,
+        asked: list[tuple[SwitchHalf, Move]],
+        headroom: int,
+        timeout: float,
+    ) -> _Ran:
+        """Run the halves as a task of its own, shielded from the caller: a caller that
+        gives up does not cut a copy in half, and the result is kept for a repeat."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        task = self._spawn(self._run(group, epoch, asked, headroom, deadline))
+        result = await asyncio.shield(task)
+        assert isinstance(result, _Ran)
+        return result
+
+    async def _run(
+        self,
+        group: str,
+        epoch: int,
+        asked: list[tuple[SwitchHalf, Move]],
+        headroom: int,
+        deadline: float,
+    ) -> _Ran:
+        started = time.perf_counter()
+        if self._processes is not None:
+            await self._processes.rediscover()
         entries = {h.job: self.table.entries.get(h.job) for h, _ in asked}
-        overlapped, failure = False, None
+        overlapped = False
         async with self._locked(e for e in entries.values() if e is not None):
             answers, running = await self._plan(asked, entries, group, epoch, deadline)
             if running:
-                overlapped, failure = await self._run_switch(
-                    running, epoch, headroom, deadline, started
-                )
-                answers.update((h.entry.record.job, moves.reply_for(h, epoch)) for h in running)
+                known = {job: e for job, e in entries.items() if e is not None}
+                overlapped = await self._run_halves(running, known, headroom, deadline, started)
+                answers.update((h.job, moves.reply_for(h, known[h.job].record)) for h in running)
+        failed = moves.failed(running)
         for half in running:
-            if failure is None and half.outcome is not None:
+            if failed is None and half.outcome is not None:
                 self._count(half.move, half.name, half.outcome.bytes, half.outcome.seconds)
         self._refresh_jobs()
-        if running:
-            self._spawn(self.refresh_metrics())  # off the switch's path
-        return SwitchReply(
-            outgoing=tuple(answers[o.job] for o in outgoing),
-            incoming=answers[incoming.job] if incoming is not None else None,
-            seconds=time.perf_counter() - started,
-            overlapped=overlapped,
-            failure=failure,
-        )
+        return _Ran(answers, tuple(running), overlapped, failed, time.perf_counter() - started)
 
     @contextlib.asynccontextmanager
     async def _locked(self, entries: Iterable[JobEntry]) -> AsyncIterator[None]:
@@ -155,28 +211,34 @@ class SwitchingMixin(EngineCore):
         await self._await_workloads(entry, backend, deadline)
         tags = half.discard_tags if move is Move.SNAPSHOT else ()
         handle = self._handle(entry, pids, dict(half.options), tags)
-        return Half(move, entry, record, entry.released, name, backend, handle)
+        return Half(move, record, epoch, name, backend, handle)
 
-    async def _run_switch(
-        self, running: list[Half], epoch: int, headroom: int, deadline: float, started: float
-    ) -> tuple[bool, SwitchFailure | None]:
-        """Run the admitted halves: two units of the table, as for one move (`_execute`).
-        (overlapped, the failure if any)."""
+    async def _run_halves(
+        self,
+        running: list[Half],
+        entries: Mapping[str, JobEntry],
+        headroom: int,
+        deadline: float,
+        started: float,
+    ) -> bool:
+        """Run the admitted halves: two units of the table, the moves begun and their end
+        (written once, however they end). Whether the restore overlapped the snapshots."""
         try:
             for half in running:  # every refusal before anything moves
                 if half.move is Move.SNAPSHOT:
                     await self._guard(half.handle, half.backend)
         except Exception:
             for half in running:
-                self.tiering.settled(half.handle.job)
+                self.tiering.settled(half.job)
             raise
         with self.table.change():
             for half in running:
-                half.entry.record = state.begin(half.before, half.move, epoch, half.name)
-                half.entry.released = False
+                entries[half.job].record = half.begun
         self._refresh_jobs()
         with self.table.change():
-            with moves.traced(running, epoch, self.node):
+            with moves.traced(running, self.node):
                 overlapped = await moves.run_halves(running, headroom, deadline)
-            failure = moves.settle_halves(running, epoch, time.perf_counter() - started)
-        return overlapped, failure
+            seconds = time.perf_counter() - started
+            for half in running:
+                entries[half.job].record = moves.settled(half, seconds)
+        return overlapped

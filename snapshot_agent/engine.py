@@ -2,7 +2,8 @@
 
 The servicers translate requests into these calls and rlslice errors into status codes.
 Each move runs as its own task, shielded from the caller: a caller that gives up does not
-cut a copy in half, and the result is kept for a repeat with the same epoch.
+cut a copy in half, and the result is kept for a repeat with the same epoch. A single
+Snapshot or Restore is a switch of one half: the one path is `_switching`'s.
 
 The engine holds the jobs and their locks and commits the job table; which backend serves a
 job is `registry`'s, whether a move goes ahead is `state.admit`'s (pure), and running the
@@ -11,16 +12,14 @@ work (`JobTable.change`), written once as it ends, on the rollback path too.
 
 The engine is one class in parts, each in its own module: the shared state and helpers
 (`_engine_core`), registration of processes and workload streams (`_registration`), and
-switches (`_switching`); this module holds the lifecycle, single moves, release and status.
+moves and switches (`_switching`); this module holds the lifecycle, release and status.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 
 from rlslice._errors import (
@@ -29,24 +28,18 @@ from rlslice._errors import (
     NotFoundError,
 )
 from rlslice._ids import validate_id
-from rlslice.snapshot_agent import moves, state
+from rlslice.snapshot_agent import state
 from rlslice.snapshot_agent._engine_core import (
     MAX_EPOCH,
     WORKLOAD_ATTACH_SECONDS,
     AgentJobView,
     StatusView,
-    check_epoch,
     host_available,
 )
 from rlslice.snapshot_agent._registration import RegistrationMixin
 from rlslice.snapshot_agent._switching import SwitchingMixin
 from rlslice.snapshot_agent.backends import BackendEntry
-from rlslice.snapshot_agent.backends.base import (
-    Backend,
-    BackendError,
-    JobHandle,
-    MoveOutcome,
-)
+from rlslice.snapshot_agent.backends.base import BackendError
 from rlslice.snapshot_agent.jobs import JobEntry, JobTable
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.moves import MoveReply, SwitchFailure, SwitchHalf, SwitchReply
@@ -54,11 +47,9 @@ from rlslice.snapshot_agent.processes import (
     ExitWatcher,
     ProcessSource,
     alive,
-    families,
     family,
 )
 from rlslice.snapshot_agent.registry import BackendRegistry
-from rlslice.snapshot_agent.state import JobState, Move
 from rlslice.snapshot_agent.tiering import Tiering
 
 __all__ = [
@@ -158,103 +149,6 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
             await asyncio.wait(list(self._tasks))
         self._watcher.close()
 
-    # -- moves -------------------------------------------------------------------------
-    async def move(
-        self,
-        move: Move,
-        job: str,
-        group: str,
-        epoch: int,
-        *,
-        backend: str = "",
-        options: Mapping[str, str] | None = None,
-        discard_tags: Sequence[str] = (),
-        timeout: float = 120.0,
-    ) -> MoveReply:
-        """Snapshot or restore `job` on this node for `epoch`; see `state.decide`."""
-        validate_id(job, "job")
-        validate_id(group, "group")
-        check_epoch(epoch)
-        BackendRegistry.check_asked(backend)
-        deadline = time.time() + timeout
-        task = self._spawn(
-            self._move(
-                move, job, group, epoch, backend, dict(options or {}), discard_tags, deadline
-            )
-        )
-        result = await asyncio.shield(task)
-        assert isinstance(result, MoveReply)
-        return result
-
-    async def _move(
-        self,
-        move: Move,
-        job: str,
-        group: str,
-        epoch: int,
-        asked: str,
-        options: dict[str, str],
-        discard_tags: Sequence[str],
-        deadline: float,
-    ) -> MoveReply:
-        if self._processes is not None:
-            await self._processes.rediscover()
-        entry = self.table.entries.get(job)
-        if entry is None:
-            return MoveReply(job, None, absent=True, epoch=epoch)
-        async with entry.lock:
-            (pids,) = await asyncio.to_thread(families, [entry.processes])
-            decision = state.admit(
-                entry.record, move, epoch, group=group, node=self.node, has_processes=bool(pids)
-            )
-            answer = moves.early_answer(decision, job, entry.record, epoch)
-            if answer is not None:
-                return answer
-            name = self.backends.for_move(entry, move, asked)
-            backend = await self.backend(name)
-            await self._await_workloads(entry, backend, deadline)
-            handle = self._handle(entry, pids, options, discard_tags)
-            if move is Move.SNAPSHOT:
-                await self._guard(handle, backend)
-            outcome = await self._execute(entry, move, epoch, name, backend, handle, deadline)
-        await self._observe(move, name, outcome.bytes, outcome.seconds)
-        result = entry.record.last
-        assert result is not None
-        return MoveReply(job, result.state, result.bytes, result.seconds, False, False, epoch, name)
-
-    async def _execute(
-        self,
-        entry: JobEntry,
-        move: Move,
-        epoch: int,
-        name: str,
-        backend: Backend,
-        handle: JobHandle,
-        deadline: float,
-    ) -> MoveOutcome:
-        """Run one admitted move: two units of the table, the move begun (on disk before
-        the backend acts, so that a restart knows it was under way) and its end."""
-        before = (entry.record, entry.released)
-        with self.table.change():
-            entry.record = state.begin(entry.record, move, epoch, name)
-            entry.released = False  # the scheduler uses the job again
-        self._refresh_jobs()
-        started = time.perf_counter()
-        with self.table.change():  # written once, however the move ends
-            try:
-                async with moves.move_span(move, handle, epoch, self.node, name) as traced:
-                    outcome = await moves.run(backend, move, handle, deadline)
-                    traced.set(seconds=outcome.seconds, bytes=outcome.bytes)
-            except Exception as error:
-                seconds = time.perf_counter() - started
-                entry.record, entry.released = moves.after_failure(
-                    error, before, entry.record, move, epoch, seconds
-                )
-                self._refresh_jobs()
-                raise moves.move_error(error, move, handle.job) from error
-            entry.record = state.succeed(entry.record, move, epoch, outcome.bytes, outcome.seconds)
-        return outcome
-
     # -- release and status ------------------------------------------------------------
 
     async def release(self, job: str, group: str, *, force: bool) -> tuple[int, bool]:
@@ -274,7 +168,7 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
                 # Kept while the job lives; dropped by `_drop_if_gone` once it is gone (the
                 # scheduler does not ask twice).
                 with self.table.change():
-                    entry.released = True
+                    entry.record = state.release_kept(entry.record)
                 return 0, False
             backend = await self.backend(self.backends.serving(entry))
             freed = await backend.release(self._handle(entry, pids))
@@ -289,14 +183,7 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
             # Released before its processes exit (the job unregistered, then ends): the
             # parked copy is gone and the processes run; keep watching them, so that
             # `_drop_if_gone` frees their device memory when they are gone.
-            entry.record = dataclasses.replace(
-                entry.record,
-                state=JobState.RUNNING,
-                parked_bytes=0,
-                reason="",
-                faulted_in=None,
-            )
-            entry.released = True
+            entry.record = state.released_running(entry.record)
         else:
             for ref in entry.processes:
                 self._watcher.forget(ref)

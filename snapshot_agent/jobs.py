@@ -1,9 +1,10 @@
 """The agent's table of jobs on this node, kept in a JSON file that survives restarts.
 
-Each entry holds the job's pure record (`state.AgentJobRecord`), the processes the agent
-verified for it, what the job said when it registered, and its open workload streams. The
-file is rewritten atomically at the end of every unit of work (`JobTable.change`); the
-workload streams are not kept (a restarted agent waits for the workloads to reconnect).
+Each entry holds the job's pure record (`state.AgentJobRecord`, whether it was released
+included), the processes the agent verified for it, what the job said when it registered,
+and its open workload streams. The file is rewritten atomically at the end of every unit
+of work (`JobTable.change`); the workload streams are not kept (a restarted agent waits
+for the workloads to reconnect).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from rlslice.snapshot_agent.backends.base import WorkloadLink
 from rlslice.snapshot_agent.processes import ProcessRef
-from rlslice.snapshot_agent.state import AgentJobRecord, from_dict, to_dict
+from rlslice.snapshot_agent.state import AgentJobRecord, from_dict, release_kept, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,6 @@ class JobEntry:
     """The uid that first registered the job through the socket (peer credentials); a
     Register of this job from another uid is refused. None: adopted from its pods
     (Kubernetes mode) or recorded by an older agent; the next registrant binds it."""
-    released: bool = False
-    """The scheduler released the job (its lease ended) while its processes lived: its
-    parked state is dropped as soon as they are gone."""
     workloads: list[WorkloadLink] = field(default_factory=list)
     attached: asyncio.Event = field(default_factory=asyncio.Event)
     """Set while at least one workload stream is open."""
@@ -64,6 +62,12 @@ class JobEntry:
     waiting for the job's stream stops waiting."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while the job moves: moves of one job run one at a time."""
+
+    @property
+    def released(self) -> bool:
+        """Whether the scheduler released the job while its processes lived (the record's
+        `released`)."""
+        return self.record.released
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,15 +81,17 @@ class JobEntry:
             "local_server": None
             if self.local_server is None
             else [self.local_server.kind, self.local_server.port],
-            "released": self.released,
             "owner_uid": self.owner_uid,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobEntry:
         server = data.get("local_server")
+        record = from_dict(data["record"])
+        if data.get("released"):  # written by an agent that kept the flag beside the record
+            record = release_kept(record)
         return cls(
-            record=from_dict(data["record"]),
+            record=record,
             processes={
                 ProcessRef(int(item[0]), float(item[1]), str(item[2]) if len(item) > 2 else "")
                 for item in data["processes"]
@@ -94,7 +100,6 @@ class JobEntry:
             modes=tuple(data.get("modes", ())),
             tags=tuple(data.get("tags", ())),
             local_server=None if not server else LocalJobServer(str(server[0]), int(server[1])),
-            released=bool(data.get("released", False)),
             owner_uid=None if data.get("owner_uid") is None else int(data["owner_uid"]),
         )
 

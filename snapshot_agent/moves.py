@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rlslice._errors import (
@@ -33,7 +34,6 @@ from rlslice.snapshot_agent.backends.base import (
     SupportsSwap,
     SwapError,
 )
-from rlslice.snapshot_agent.jobs import JobEntry
 from rlslice.snapshot_agent.state import JobState, Move
 
 log = logging.getLogger(__name__)
@@ -89,18 +89,28 @@ class SwitchReply:
 
 @dataclass
 class Half:
-    """One move of a Switch under way."""
+    """One admitted move of a job, alone (Snapshot, Restore) or in a Switch, under way.
+
+    It holds the job's record as admitted; `settled` says what the record becomes."""
 
     move: Move
-    entry: JobEntry
     before: state.AgentJobRecord
-    released: bool
+    epoch: int
     name: str
     backend: Backend
     handle: JobHandle
     outcome: MoveOutcome | None = None
     error: Exception | None = None
     undone: bool = False
+
+    @property
+    def job(self) -> str:
+        return self.before.job
+
+    @property
+    def begun(self) -> state.AgentJobRecord:
+        """The record while the move runs (on disk before the backend acts)."""
+        return state.begin(self.before, self.move, self.epoch, self.name)
 
 
 # -- before a move ---------------------------------------------------------------------
@@ -137,11 +147,17 @@ async def guard(handle: JobHandle, backend: Backend, *, host_available: int, res
 # -- one move --------------------------------------------------------------------------
 
 
+def backend_deadline(deadline: float) -> float:
+    """The agent's deadline (the loop's clock) as backends take it (`time.time()` clock)."""
+    return time.time() + (deadline - asyncio.get_running_loop().time())
+
+
 async def run(backend: Backend, move: Move, handle: JobHandle, deadline: float) -> MoveOutcome:
-    """The backend's snapshot or restore of `handle`."""
+    """The backend's snapshot or restore of `handle`, by `deadline` (the loop's clock)."""
+    until = backend_deadline(deadline)
     if move is Move.SNAPSHOT:
-        return await backend.snapshot(handle, deadline=deadline)
-    return await backend.restore(handle, deadline=deadline)
+        return await backend.snapshot(handle, deadline=until)
+    return await backend.restore(handle, deadline=until)
 
 
 def move_span(
@@ -150,22 +166,6 @@ def move_span(
     """The trace span of one move."""
     kind = SNAPSHOT if move is Move.SNAPSHOT else RESTORE
     return span(kind, group=handle.group, job=handle.job, epoch=epoch, node=node, backend=backend)
-
-
-def after_failure(
-    error: Exception,
-    before: tuple[state.AgentJobRecord, bool],
-    current: state.AgentJobRecord,
-    move: Move,
-    epoch: int,
-    seconds: float,
-) -> tuple[state.AgentJobRecord, bool]:
-    """A failed move's job record and released flag: as before a refusal of its options
-    (nothing was done), else FAULTED with the reason (the backend rolled back)."""
-    if isinstance(error, OptionsError):
-        return before
-    reason = str(error) or type(error).__name__
-    return state.fail(current, move, epoch, reason, seconds), False
 
 
 def move_error(error: Exception, move: Move, job: str) -> RlsliceError:
@@ -190,24 +190,30 @@ def move_error(error: Exception, move: Move, job: str) -> RlsliceError:
 
 
 @contextlib.contextmanager
-def traced(halves: list[Half], epoch: int, node: str) -> Iterator[None]:
-    """One span per half, as the serial path traces them (they overlap here), each given
-    its bytes and seconds as the block ends."""
-    opened = [move_span(h.move, h.handle, epoch, node, h.name) for h in halves]
-    with contextlib.ExitStack() as spans:
-        for one in opened:
-            spans.enter_context(one)
+def traced(halves: list[Half], node: str) -> Iterator[None]:
+    """One span per half (they overlap in a switch), each given its bytes and seconds as
+    the block ends, and ended with its half's error, if any."""
+    opened = [move_span(h.move, h.handle, h.epoch, node, h.name) for h in halves]
+    for one in opened:
+        one.__enter__()
+    try:
         yield
-        for half, one in zip(halves, opened, strict=True):
+    finally:
+        for half, one in reversed(list(zip(halves, opened, strict=True))):
             if half.outcome is not None:
                 one.set(seconds=half.outcome.seconds, bytes=half.outcome.bytes)
+            error = half.error
+            if error is None:
+                one.__exit__(None, None, None)
+            else:
+                one.__exit__(type(error), error, error.__traceback__)
 
 
 async def run_halves(halves: list[Half], headroom: int, deadline: float) -> bool:
     """Run the moves; fill each half's outcome or error and undo the others on a failure.
-    True when the restore overlapped the snapshots."""
+    A lone half is one plain move. True when the restore overlapped the snapshots."""
     backend = halves[0].backend
-    if len({h.name for h in halves}) == 1 and isinstance(backend, SupportsSwap):
+    if len(halves) > 1 and len({h.name for h in halves}) == 1 and isinstance(backend, SupportsSwap):
         return await _swap(backend, halves, headroom, deadline)
     outs = [h for h in halves if h.move is Move.SNAPSHOT]
     into = next((h for h in halves if h.move is Move.RESTORE), None)
@@ -231,7 +237,7 @@ async def _swap(backend: SupportsSwap, halves: list[Half], headroom: int, deadli
             [h.handle for h in outs],
             into.handle if into is not None else None,
             headroom_bytes=headroom,
-            deadline=deadline,
+            deadline=backend_deadline(deadline),
         )
     except SwapError as error:
         for half in halves:
@@ -280,41 +286,43 @@ async def fits(into: Half, headroom: int) -> bool:
     return into.before.parked_bytes + headroom <= free
 
 
-def settle_halves(halves: list[Half], epoch: int, seconds: float) -> SwitchFailure | None:
-    """Each half's record after the moves; the failure, if any."""
-    failed = next((h for h in halves if h.error is not None), None)
-    for half in halves:
-        entry = half.entry
-        if half.error is not None:
-            before = (half.before, half.released)
-            entry.record, entry.released = after_failure(
-                half.error, before, entry.record, half.move, epoch, seconds
-            )
-        elif half.outcome is not None:
-            # It worked, or (another half failed) it went through and could not be undone.
-            entry.record = state.succeed(
-                entry.record, half.move, epoch, half.outcome.bytes, half.outcome.seconds
-            )
-        else:  # undone, or never run: as it was
-            entry.record, entry.released = half.before, half.released
-    if failed is None:
-        return None
-    error = failed.error
+def settled(half: Half, seconds: float) -> state.AgentJobRecord:
+    """The half's record after the moves: as before a refusal of its options (nothing was
+    done), FAULTED with the reason after another failure (the backend rolled back), moved
+    when it went through (and, another half failing, could not be undone), else (undone,
+    or never run) as it was."""
+    error = half.error
+    if error is not None:
+        if isinstance(error, OptionsError):
+            return half.before
+        reason = str(error) or type(error).__name__
+        return state.fail(half.begun, half.move, half.epoch, reason, seconds)
+    if half.outcome is not None:
+        outcome = half.outcome
+        return state.succeed(half.begun, half.move, half.epoch, outcome.bytes, outcome.seconds)
+    return half.before
+
+
+def failed(halves: Sequence[Half]) -> Half | None:
+    """The first half that failed, if any."""
+    return next((h for h in halves if h.error is not None), None)
+
+
+def switch_failure(half: Half) -> SwitchFailure:
+    """What a Switch's reply says of its failed half (logged here when unexpected)."""
+    error = half.error
     reason = str(error) or type(error).__name__
     if not isinstance(error, BackendError):
-        log.error(
-            "job %s: %s failed unexpectedly: %s", failed.handle.job, failed.move.value, reason
-        )
+        log.error("job %s: %s failed unexpectedly: %s", half.job, half.move.value, reason)
     short = isinstance(error, DeviceMemoryError | ResourceExhaustedError)
-    return SwitchFailure(failed.handle.job, failed.move, reason.splitlines()[0], short)
+    return SwitchFailure(half.job, half.move, reason.splitlines()[0], short)
 
 
-def reply_for(half: Half, epoch: int) -> MoveReply:
-    """The answer for one half once settled."""
-    record = half.entry.record
+def reply_for(half: Half, record: state.AgentJobRecord) -> MoveReply:
+    """The answer for one half, given its settled record."""
     last = record.last
-    if last is not None and last.epoch == epoch and last.move is half.move:
+    if last is not None and last.epoch == half.epoch and last.move is half.move:
         return MoveReply(
-            record.job, last.state, last.bytes, last.seconds, False, False, epoch, half.name
+            record.job, last.state, last.bytes, last.seconds, False, False, half.epoch, half.name
         )
-    return MoveReply(record.job, record.state, epoch=epoch, backend=half.name)
+    return MoveReply(record.job, record.state, epoch=half.epoch, backend=half.name)

@@ -80,6 +80,10 @@ class AgentJobRecord:
     """Host bytes the parked state takes (0 unless parked or faulted in restore)."""
     backend: str = ""
     """Backend that holds the parked state (empty when the job never moved)."""
+    released: bool = False
+    """The scheduler released the job (its lease ended) while its processes lived: its
+    parked state is dropped as soon as they are gone. A move clears it (the scheduler
+    uses the job again)."""
 
     @property
     def state_on_device(self) -> bool:
@@ -201,7 +205,7 @@ def admit(
 def begin(record: AgentJobRecord, move: Move, epoch: int, backend: str) -> AgentJobRecord:
     """The record while `move` runs."""
     state = JobState.SAVING if move is Move.SNAPSHOT else JobState.RESTORING
-    return replace(record, state=state, epoch=epoch, backend=backend)
+    return replace(record, state=state, epoch=epoch, backend=backend, released=False)
 
 
 def succeed(
@@ -233,6 +237,19 @@ def fail(
         faulted_in=move,
         epoch=epoch,
         last=result,
+    )
+
+
+def release_kept(record: AgentJobRecord) -> AgentJobRecord:
+    """The record after a Release that keeps the job's state while its processes live."""
+    return replace(record, released=True)
+
+
+def released_running(record: AgentJobRecord) -> AgentJobRecord:
+    """The record after the job's parked copy was dropped while its processes run (it
+    unregistered, then ends): running, nothing parked, released."""
+    return replace(
+        record, state=JobState.RUNNING, parked_bytes=0, reason="", faulted_in=None, released=True
     )
 
 
@@ -281,6 +298,7 @@ def to_dict(record: AgentJobRecord) -> dict[str, Any]:
         "epoch": record.epoch,
         "parked_bytes": record.parked_bytes,
         "backend": record.backend,
+        "released": record.released,
         "last": None
         if last is None
         else {
@@ -306,6 +324,7 @@ def from_dict(data: dict[str, Any]) -> AgentJobRecord:
         epoch=int(data.get("epoch", 0)),
         parked_bytes=int(data.get("parked_bytes", 0)),
         backend=str(data.get("backend", "")),
+        released=bool(data.get("released", False)),
         last=None
         if not last
         else MoveResult(
