@@ -20,7 +20,8 @@ when it cannot fit the coordinator says so (PrefetchSkipped) and nothing moves. 
 unprefetch parks a prefetched waiter that left (`core.moves.plan_park`).
 
 Steps 3 and 4 (running the planned moves) live in `_moving.py`, which `Coordinator`
-inherits. Every call has a deadline; UNAVAILABLE is retried with exponential backoff. A
+inherits; what the calls' outcomes mean (snapshot or restore failure, which jobs are
+unsure) is the pure `core.settle`. Every call has a deadline; UNAVAILABLE is retried with exponential backoff. A
 group with no agents never reaches here: its switch is a pure lock handoff.
 """
 
@@ -59,6 +60,10 @@ from rlslice.v1alpha1 import agent_pb2_grpc
 log = logging.getLogger(__name__)
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
+#: How a call that went out can end without an answer: what the node did is unknown.
+_CUT_OFF = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+#: Channel states in which connecting failed (nothing is sent on them).
+_CONNECT_FAILED = {grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN}
 _PLACES = {
     apb.AGENT_JOB_STATE_RUNNING: Place.RUNNING,
     apb.AGENT_JOB_STATE_SAVING: Place.SAVING,
@@ -195,7 +200,7 @@ class Coordinator(_Moving):
         self._channels.clear()
         await asyncio.gather(*(c.channel.close(None) for c in channels), *self._closing)
 
-    def _stub(self, node: str) -> Any:
+    def _connection(self, node: str) -> _Channel:
         record = self.agents.get(node)
         if record is None:
             raise AgentCallError(node, "no agent registered", None, "node unknown")
@@ -204,18 +209,41 @@ class Coordinator(_Moving):
             channel = open_channel(record.address, tls=self._tls, token=self._token)
             cached = _Channel(record.address, channel, agent_pb2_grpc.AgentStub(channel))
             self._channels[node] = cached
-        return cached.stub
+        return cached
 
     async def _call(self, node: str, method: str, request: Any, timeout: float, what: str) -> Any:
-        """One agent call with a deadline; UNAVAILABLE is retried with exponential backoff."""
+        """One agent call with a deadline; UNAVAILABLE is retried with exponential backoff.
+
+        The call goes out only on a connected channel, so how it failed says whether it
+        was cut off: a channel that could not connect sent nothing (UNAVAILABLE, or
+        DEADLINE_EXCEEDED while still connecting); a call that went out and got no answer
+        (DEADLINE_EXCEEDED, UNAVAILABLE: the connection broke) may have done its work."""
+        loop = asyncio.get_running_loop()
         for attempt in range(self._retries + 1):
+            connection = self._connection(node)
+            deadline = loop.time() + timeout
+            state = await _connect(connection.channel, deadline)
+            if state is not grpc.ChannelConnectivity.READY:
+                code = (
+                    grpc.StatusCode.UNAVAILABLE
+                    if state in _CONNECT_FAILED
+                    else grpc.StatusCode.DEADLINE_EXCEEDED
+                )
+                if code in _RETRYABLE and attempt < self._retries:
+                    await asyncio.sleep(self._backoff * 2**attempt)
+                    continue
+                raise AgentCallError(node, what, code, f"not connected ({state.name})")
             try:
-                return await getattr(self._stub(node), method)(request, timeout=timeout)
+                call = getattr(connection.stub, method)
+                return await call(request, timeout=max(deadline - loop.time(), 0.001))
             except grpc.aio.AioRpcError as error:
                 if error.code() in _RETRYABLE and attempt < self._retries:
                     await asyncio.sleep(self._backoff * 2**attempt)
                     continue
-                raise AgentCallError(node, what, error.code(), error.details() or "") from None
+                cut_off = error.code() in _CUT_OFF
+                raise AgentCallError(
+                    node, what, error.code(), error.details() or "", cut_off=cut_off
+                ) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- switches ---------------------------------------------------------------------
@@ -333,6 +361,23 @@ class Coordinator(_Moving):
         kept = self._once_kept.get(spec.name, set()) | set(pinned[0] if pinned else ())
         nodes = (*nodes, *sorted(kept - set(nodes)))
         await asyncio.gather(*(one(node) for node in nodes))
+
+
+async def _connect(channel: grpc.aio.Channel, deadline: float) -> grpc.ChannelConnectivity:
+    """Wait until `channel` is connected, connecting failed, or the loop's time reaches
+    `deadline`; the state it is in then."""
+    loop = asyncio.get_running_loop()
+    state = channel.get_state(try_to_connect=True)
+    while state is not grpc.ChannelConnectivity.READY and state not in _CONNECT_FAILED:
+        left = deadline - loop.time()
+        if left <= 0:
+            return state
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), left)
+        except TimeoutError:
+            return channel.get_state()
+        state = channel.get_state(try_to_connect=True)
+    return state
 
 
 def _traced_outcome(result: events.Event) -> dict[str, Any]:

@@ -42,12 +42,16 @@ def status_code_for(error: e.RlsliceError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def error_for_code(code: grpc.StatusCode) -> type[e.RlsliceError]:
+    """The rlslice error kind a failed call's status code means."""
+    return _FROM_CODE.get(code, e.RlsliceError)
+
+
 def error_from_rpc(error: grpc.RpcError) -> e.RlsliceError:
     """The rlslice error a client raises for a failed call."""
     code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
     details = error.details() if hasattr(error, "details") else str(error)
-    cls = _FROM_CODE.get(code, e.RlsliceError)
-    return cls(details or code.name)
+    return error_for_code(code)(details or code.name)
 
 
 T = TypeVar("T")

@@ -65,7 +65,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
 def _record_moves(tx: _Tx, e: ev.SwitchDone) -> None:
     """One ring event per node and move (the node in `detail`): the timeline's moves lane."""
     for move in e.moves:
-        kind = Kind.RESTORE_DONE if move.restore else Kind.SNAPSHOT_DONE
+        kind = Kind.RESTORE_DONE if move.move is ev.MoveKind.RESTORE else Kind.SNAPSHOT_DONE
         tx.record(kind, move.job, move.node, seconds=move.seconds, nbytes=move.bytes)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from rlslice._errors import RlsliceError, UnavailableError
 from rlslice.config import GroupSpec
@@ -77,14 +78,22 @@ class Tick:
     """Time passed: lapse leases, ask holders past max_hold to yield, preempt after grace."""
 
 
+class MoveKind(StrEnum):
+    """One half of a switch on one node (the agent's word in a SwitchFailure's `move`)."""
+
+    SNAPSHOT = "snapshot"
+    """Device to host: the job is parked there."""
+    RESTORE = "restore"
+    """Host to device: the job is resident there again."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeMove:
     """One snapshot or restore that moved a job's state on one node."""
 
     node: str
     job: str
-    restore: bool
-    """True for a restore (host to device), False for a snapshot."""
+    move: MoveKind
     bytes: int
     seconds: float
 
