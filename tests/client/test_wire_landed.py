@@ -1,0 +1,143 @@
+"""The wire tells a call that landed before an outage from one the scheduler refused.
+
+A scripted stub stands in for the scheduler's channel: each call answers the next item of
+its script (a reply, or a gRPC status). Cases:
+- a Yield refused FAILED_PRECONDITION after an attempt found the scheduler unreachable had
+  landed: it counts as given up; refused so at the first attempt, the error is raised;
+- an Acquire refused ALREADY_EXISTS after an outage reads the grant back from GetGroup, and
+  raises the refusal when the job is not the holder there;
+- a Register refused ALREADY_EXISTS at the first attempt is raised at once (no orphan);
+- any failure comes out as its typed rlslice error (no wrapper to unwrap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+
+from rlslice._errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
+from rlslice.client._backoff import Backoff
+from rlslice.client._connection import SchedulerConnection
+from rlslice.client._results import Grant, YieldResult
+from rlslice.client._settings import resolve_settings
+from rlslice.client._wire import SchedulerWire
+from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+Step = Message | grpc.StatusCode
+
+
+class _Lease:
+    group = "gpus"
+    lease_id = "lease-1"
+    secret = "secret-1"
+
+
+class _ScriptedStub:
+    """Answers each method's calls from its script, in order; records what was asked."""
+
+    def __init__(self, scripts: dict[str, list[Step]]) -> None:
+        self._scripts = scripts
+        self.asked: list[str] = []
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        async def call(request: Message, timeout: float | None = None) -> Message:
+            self.asked.append(method)
+            step = self._scripts[method].pop(0)
+            if isinstance(step, grpc.StatusCode):
+                raise grpc.aio.AioRpcError(
+                    step, grpc.aio.Metadata(), grpc.aio.Metadata(), details=step.name.lower()
+                )
+            return step
+
+        return call
+
+
+def _wire(scripts: dict[str, list[Step]]) -> tuple[SchedulerWire, _ScriptedStub]:
+    connection = SchedulerConnection(
+        "127.0.0.1:1",
+        tls=None,
+        token=None,
+        backoff=Backoff(initial=0.001, cap=0.001),
+        retry_seconds=5.0,
+    )
+    stub = _ScriptedStub(scripts)
+    connection._stub = stub  # the channel opens lazily: this one never does
+    settings = resolve_settings(
+        job="a",
+        group="gpus",
+        scheduler="127.0.0.1:1",
+        lease_seconds=None,
+        token=None,
+        tls=None,
+        priority=None,
+        weight=None,
+        env={},
+    )
+    return SchedulerWire(connection, settings, session="s"), stub
+
+
+def _deadline() -> float:
+    return asyncio.get_running_loop().time() + 5.0
+
+
+async def test_a_yield_refused_after_an_outage_had_landed_and_counts_as_given_up() -> None:
+    wire, stub = _wire(
+        {"Yield": [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION]}
+    )
+    result = await wire.yield_(_Lease(), _deadline(), retry_seconds=None)
+    assert result == YieldResult(0, False)
+    assert stub.asked == ["Yield", "Yield"]
+
+
+async def test_a_yield_refused_at_its_first_attempt_raises_the_typed_error() -> None:
+    wire, _ = _wire({"Yield": [grpc.StatusCode.FAILED_PRECONDITION]})
+    with pytest.raises(FailedPreconditionError, match="failed_precondition"):
+        await wire.yield_(_Lease(), _deadline(), retry_seconds=None)
+
+
+async def test_an_acquire_refused_after_an_outage_reads_its_grant_back() -> None:
+    wire, stub = _wire(
+        {
+            "Acquire": [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS],
+            "GetGroup": [pb.GroupStatus(holder="a", epoch=7)],
+        }
+    )
+    started = asyncio.get_running_loop().time()
+    grant = await wire.acquire(_Lease(), "train", _deadline(), started)
+    assert (grant.epoch, grant.group, grant.job, grant.restored) == (7, "gpus", "a", False)
+    assert stub.asked == ["Acquire", "Acquire", "GetGroup"]
+
+
+async def test_an_acquire_landed_for_another_holder_raises_the_refusal() -> None:
+    wire, _ = _wire(
+        {
+            "Acquire": [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS],
+            "GetGroup": [pb.GroupStatus(holder="b", epoch=8)],
+        }
+    )
+    with pytest.raises(AlreadyExistsError):
+        await wire.acquire(_Lease(), "train", _deadline(), 0.0)
+
+
+async def test_an_answered_acquire_is_a_grant_of_the_lease_group() -> None:
+    wire, _ = _wire({"Acquire": [pb.Grant(epoch=3, restored=True, moved_bytes=5)]})
+    grant = await wire.acquire(_Lease(), "", _deadline(), 0.0)
+    assert grant == Grant(3, 0.0, True, 0.0, 5, "gpus", "a")
+
+
+async def test_a_register_refused_at_its_first_attempt_is_raised_at_once() -> None:
+    wire, stub = _wire({"Register": [grpc.StatusCode.ALREADY_EXISTS]})
+    with pytest.raises(AlreadyExistsError):
+        await wire.register("gpus", _deadline())
+    assert stub.asked == ["Register"]
+
+
+async def test_an_unknown_lease_comes_out_as_not_found() -> None:
+    wire, _ = _wire({"KeepAlive": [grpc.StatusCode.NOT_FOUND]})
+    with pytest.raises(NotFoundError):
+        await wire.keep_alive(_Lease(), _deadline())
