@@ -99,32 +99,31 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def Snapshot(
         self, request: agent_pb2.SnapshotRequest, context: Context
     ) -> agent_pb2.MoveResult:
-        async def work() -> agent_pb2.MoveResult:
-            reply = await self._engine.move(
-                Move.SNAPSHOT,
-                request.job,
-                request.group,
-                request.epoch,
-                backend=request.backend,
-                options=dict(request.options),
-                discard_tags=tuple(request.discard_tags),
-                timeout=_timeout(context),
-            )
-            return move_result(reply)
-
-        return await _answer(context, work)
+        return await self._move(Move.SNAPSHOT, request, context)
 
     async def Restore(
         self, request: agent_pb2.RestoreRequest, context: Context
     ) -> agent_pb2.MoveResult:
+        return await self._move(Move.RESTORE, request, context)
+
+    async def _move(
+        self,
+        move: Move,
+        request: agent_pb2.SnapshotRequest | agent_pb2.RestoreRequest,
+        context: Context,
+    ) -> agent_pb2.MoveResult:
+        """Snapshot and Restore: one move (a Restore names no discard tags)."""
+        tags = tuple(request.discard_tags) if isinstance(request, agent_pb2.SnapshotRequest) else ()
+
         async def work() -> agent_pb2.MoveResult:
             reply = await self._engine.move(
-                Move.RESTORE,
+                move,
                 request.job,
                 request.group,
                 request.epoch,
                 backend=request.backend,
                 options=dict(request.options),
+                discard_tags=tags,
                 timeout=_timeout(context),
             )
             return move_result(reply)
