@@ -12,14 +12,31 @@ No kopf, grpc or kubernetes here: the handlers translate these actions into call
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rlslice.config import GroupSpec
 
-#: Phases the CRD allows; the scheduler's own are Idle, Held, Switching and Degraded.
-SCHEDULER_PHASES = ("Idle", "Held", "Switching", "Degraded")
+
+class GroupPhase(enum.StrEnum):
+    """A TimeSliceGroup's `.status.phase` (the values the CRD's description lists)."""
+
+    PENDING = "Pending"
+    """The scheduler has not reported the group (not put there yet, or the spec is invalid)."""
+    IDLE = "Idle"
+    HELD = "Held"
+    SWITCHING = "Switching"
+    DEGRADED = "Degraded"
+    """Some job of the group is FAULTED."""
+    DELETING = "Deleting"
+
+
+#: The phases the scheduler itself reports (GroupStatus.phase); the operator adds the rest.
+SCHEDULER_PHASES = tuple(
+    p.value for p in (GroupPhase.IDLE, GroupPhase.HELD, GroupPhase.SWITCHING, GroupPhase.DEGRADED)
+)
 
 
 @dataclass(frozen=True)
@@ -27,7 +44,8 @@ class SchedulerView:
     """What the scheduler says about one group (its GetGroup answer, as plain values)."""
 
     spec: GroupSpec
-    phase: str = "Idle"
+    phase: str = GroupPhase.IDLE.value
+    """As the scheduler says it (a `SCHEDULER_PHASES` value, unless a newer scheduler adds one)."""
     holder: str = ""
     queue: tuple[str, ...] = ()
     resident: tuple[str, ...] = ()
@@ -138,7 +156,7 @@ def conditions_for(
         ready = Condition("Ready", "False", "Reconciling", "the scheduler has an older spec")
     else:
         ready = Condition("Ready", "True", "InScheduler", "the scheduler has the current spec")
-    if observed is not None and observed.phase == "Degraded":
+    if observed is not None and observed.phase == GroupPhase.DEGRADED:
         degraded = Condition("Degraded", "True", "SchedulerDegraded", "the scheduler says so")
     elif error is not None:
         degraded = Condition("Degraded", "Unknown", "SchedulerUnavailable", error)
@@ -165,10 +183,11 @@ def status_for(
     could not answer keep their previous values (an outage does not blank the table).
     """
     previous = previous or {}
+    # Plain strings in the status (its YAML and JSON forms), each a GroupPhase value.
     status: dict[str, Any] = {}
     if observed is not None:
         status.update(
-            phase=observed.phase if observed.phase in SCHEDULER_PHASES else "Idle",
+            phase=observed.phase if observed.phase in SCHEDULER_PHASES else GroupPhase.IDLE.value,
             holder=observed.holder,
             queue=list(observed.queue),
             queueLength=len(observed.queue),
@@ -183,11 +202,18 @@ def status_for(
     elif error is not None:
         # The scheduler could not be asked: keep what was last known (a merge patch leaves
         # the other fields as they are) rather than blanking the table during an outage.
-        status["phase"] = previous.get("phase") or "Pending"
+        status["phase"] = previous.get("phase") or GroupPhase.PENDING.value
     else:
-        status.update(phase="Pending", holder="", queue=[], queueLength=0, resident=[], parked=[])
+        status.update(
+            phase=GroupPhase.PENDING.value,
+            holder="",
+            queue=[],
+            queueLength=0,
+            resident=[],
+            parked=[],
+        )
     if deleting:
-        status["phase"] = "Deleting"
+        status["phase"] = GroupPhase.DELETING.value
     ready, degraded = conditions_for(desired, observed, error=error, invalid=invalid)
     if ready.status == "True":
         status["observedGeneration"] = generation
