@@ -4,7 +4,9 @@ Case matrix:
 - decide(): table of state x move x epoch x processes -> Proceed / Repeat / Absent / Refuse
 - transitions: begin/succeed/fail land in the right state, faults are cleared by success
 - recovered(): what an agent restart makes of each recorded state and backend answer
-- to_dict/from_dict round-trip
+- to_dict/from_dict round-trip, a released record included
+- released: a Release that keeps the job marks it, a dropped copy leaves it running and
+  released, the next move clears the mark
 - hypothesis: random sequences of moves keep the invariants (a repeat never acts, a
   refusal changes nothing, parked bytes only while the state is in host memory, epochs
   never go down)
@@ -32,6 +34,8 @@ from rlslice.snapshot_agent.state import (
     fail,
     from_dict,
     recovered,
+    release_kept,
+    released_running,
     succeed,
     to_dict,
 )
@@ -127,9 +131,25 @@ def test_an_agent_restart_settles_each_state_by_the_backend(
     assert recovered(record, backend_says).state is state
 
 
-@pytest.mark.parametrize("record", [RUNNING, PARKED, FAULTED_SNAPSHOT, FAULTED_RESTORE])
+@pytest.mark.parametrize(
+    "record", [RUNNING, PARKED, FAULTED_SNAPSHOT, FAULTED_RESTORE, release_kept(PARKED)]
+)
 def test_records_round_trip_through_their_json_form(record: AgentJobRecord) -> None:
     assert from_dict(to_dict(record)) == record
+
+
+def test_a_kept_release_marks_the_record_and_the_next_move_clears_it() -> None:
+    kept = release_kept(PARKED)
+    assert kept.released
+    assert kept.state is JobState.PARKED
+    assert not begin(kept, Move.RESTORE, 6, "sim").released
+
+
+def test_a_dropped_copy_leaves_the_job_running_released_and_with_nothing_parked() -> None:
+    dropped = released_running(FAULTED_RESTORE)
+    assert (dropped.state, dropped.parked_bytes, dropped.reason) == (JobState.RUNNING, 0, "")
+    assert dropped.faulted_in is None
+    assert dropped.released
 
 
 # -- property: random sequences of requests and outcomes ---------------------------------

@@ -6,6 +6,9 @@ Case matrix:
 - the engine: a registration is one write; a move is two (begun, ended), and a move the
   backend fails writes its FAULTED record; a move refused for its options writes the record
   as it was; a release of a live job is one write
+- the process source the engine was made with is asked before every move and switch
+- the file: a released job stays released after a reload; a file of an older agent, with
+  the flag beside the record, is read the same
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from rlslice.snapshot_agent.backends.base import (
     OptionsError,
     ProbeResult,
 )
-from rlslice.snapshot_agent.engine import AgentEngine
+from rlslice.snapshot_agent.engine import AgentEngine, SwitchHalf
 from rlslice.snapshot_agent.jobs import STATE_FILE, JobEntry, JobTable
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.processes import identify
@@ -146,6 +149,23 @@ def test_a_unit_that_ends_by_an_exception_still_writes_what_it_left(
     assert reread.entries["a"].record.state is JobState.FAULTED
 
 
+@pytest.mark.parametrize("beside_the_record", [False, True])
+def test_a_released_job_stays_released_after_a_reload(
+    tmp_path: Path, beside_the_record: bool
+) -> None:
+    table = JobTable(tmp_path)
+    with table.change():
+        table.entries["a"] = JobEntry(AgentJobRecord(job="a", group="g", released=True))
+    if beside_the_record:  # as an older agent wrote it
+        path = tmp_path / STATE_FILE
+        data = json.loads(path.read_text())
+        data["jobs"][0]["released"] = data["jobs"][0]["record"].pop("released")
+        path.write_text(json.dumps(data))
+    reread = JobTable(tmp_path)
+    reread.load()
+    assert reread.entries["a"].released
+
+
 def test_a_unit_that_changes_nothing_does_not_rewrite_the_file(tmp_path: Path) -> None:
     table = JobTable(tmp_path)
     with table.change():
@@ -209,3 +229,40 @@ async def test_a_release_of_a_live_job_writes_the_table_once(
     assert await engine.release("job-a", "g1", force=False) == (0, False)
     assert seen == [1]
     assert engine.table.entries["job-a"].released
+
+
+class CountingSource:
+    """A process source that counts how often it is asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def rediscover(self) -> None:
+        self.asked += 1
+
+
+async def test_the_process_source_is_asked_before_every_move_and_switch(tmp_path: Path) -> None:
+    ScriptedBackend.fail_with = None
+    source = CountingSource()
+    made = AgentEngine(
+        node="n1",
+        state_dir=tmp_path,
+        default_backend="scripted",
+        backend_options=lambda name: {},
+        host_reserve_bytes=0,
+        metrics=AgentMetrics("n1"),
+        backends={"scripted": BackendEntry("scripted", ScriptedBackend)},
+        host_memory=lambda: 1 << 40,
+        processes=source,
+    )
+    await made.start()
+    try:
+        register_self(made)
+        parked = await made.move(Move.SNAPSHOT, "job-a", "g1", 1)
+        back = await made.switch("g1", 2, (), SwitchHalf("job-a"))
+    finally:
+        await made.close()
+    assert parked.state is JobState.PARKED
+    assert back.incoming is not None
+    assert back.incoming.state is JobState.RUNNING
+    assert source.asked == 2
