@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 
-class JobState(enum.Enum):
+class JobState(enum.StrEnum):
     """Where a job stands on one node."""
 
     RUNNING = "running"
@@ -41,7 +41,7 @@ class JobState(enum.Enum):
     FAULTED = "faulted"
 
 
-class Move(enum.Enum):
+class Move(enum.StrEnum):
     """The two things an agent does to a job."""
 
     SNAPSHOT = "snapshot"
@@ -100,7 +100,7 @@ class AgentJobRecord:
         )
 
 
-class Refusal(enum.Enum):
+class Refusal(enum.StrEnum):
     """Why a move may not go ahead."""
 
     STALE = "stale"
