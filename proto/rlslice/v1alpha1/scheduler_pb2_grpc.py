@@ -128,7 +128,7 @@ class SchedulerServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Unregister(self, request, context):
-        """Closes a lease at once: releases the lock if held, leaves the queue, drops parked state.
+        """Closes a lease at once: gives up the lock if held, leaves the queue, drops parked state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

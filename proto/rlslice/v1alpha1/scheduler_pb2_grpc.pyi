@@ -45,7 +45,7 @@ class SchedulerStub:
         rlslice.v1alpha1.scheduler_pb2.UnregisterRequest,
         rlslice.v1alpha1.scheduler_pb2.UnregisterResponse,
     ]
-    """Closes a lease at once: releases the lock if held, leaves the queue, drops parked state."""
+    """Closes a lease at once: gives up the lock if held, leaves the queue, drops parked state."""
 
     Acquire: grpc.UnaryUnaryMultiCallable[
         rlslice.v1alpha1.scheduler_pb2.AcquireRequest,
@@ -145,7 +145,7 @@ class SchedulerAsyncStub:
         rlslice.v1alpha1.scheduler_pb2.UnregisterRequest,
         rlslice.v1alpha1.scheduler_pb2.UnregisterResponse,
     ]
-    """Closes a lease at once: releases the lock if held, leaves the queue, drops parked state."""
+    """Closes a lease at once: gives up the lock if held, leaves the queue, drops parked state."""
 
     Acquire: grpc.aio.UnaryUnaryMultiCallable[
         rlslice.v1alpha1.scheduler_pb2.AcquireRequest,
@@ -251,7 +251,7 @@ class SchedulerServicer(metaclass=abc.ABCMeta):
         request: rlslice.v1alpha1.scheduler_pb2.UnregisterRequest,
         context: _ServicerContext,
     ) -> typing.Union[rlslice.v1alpha1.scheduler_pb2.UnregisterResponse, collections.abc.Awaitable[rlslice.v1alpha1.scheduler_pb2.UnregisterResponse]]:
-        """Closes a lease at once: releases the lock if held, leaves the queue, drops parked state."""
+        """Closes a lease at once: gives up the lock if held, leaves the queue, drops parked state."""
 
     @abc.abstractmethod
     def Acquire(
