@@ -161,7 +161,7 @@ class Holds:
             log.debug("homecoming in group %r held nothing to give back: %s", group, error)
 
     async def close(self) -> None:
-        """Cancel every homecoming (closing the client releases whatever they held)."""
+        """Cancel every homecoming (closing the client gives up whatever they held)."""
         self._closed = True
         tasks = [h.homecoming for h in self._holds.values() if h.homecoming is not None]
         for hold in self._holds.values():

@@ -239,7 +239,7 @@ class Leases:
             log.exception("on_yield_requested callback failed for group %r", group)
 
     async def close(self) -> None:
-        """Unregister every lease (releasing locks, leaving queues), then stop the keep-alives.
+        """Unregister every lease (giving up locks, leaving queues), then stop the keep-alives.
 
         The keep-alives run until the Unregister calls are answered: a busy scheduler must
         not see a lease lapse first (a lapse releases the job's state without force, which

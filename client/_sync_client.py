@@ -141,7 +141,7 @@ class Client:
         return SyncGroupsPhase(self, name, canonical_groups(groups, group))
 
     def close(self, *, bring_home: bool = False, timeout: float = 60.0) -> None:
-        """Release every lock, leave every queue, stop the keep-alives and the loop thread.
+        """Give up every lock, leave every queue, stop the keep-alives and the loop thread.
 
         As `AsyncClient.close`: with `bring_home=True` the job first brings its parked
         state home (waiting up to `timeout` seconds for its turn)."""
