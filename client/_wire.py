@@ -148,7 +148,7 @@ class SchedulerWire:
         )
 
     async def unregister(self, lease_id: str, secret: str, deadline: float) -> None:
-        """End a lease (releasing its lock, leaving its queue), retried until `deadline`."""
+        """End a lease (giving up its lock, leaving its queue), retried until `deadline`."""
         request = pb.UnregisterRequest(lease_id=lease_id, secret=secret)
         await self._conn.call(
             "Unregister",
