@@ -24,10 +24,10 @@ swap (an agent killed half-way) give every freed chunk back from the parked copy
 The paced copies live in `_simcopy`, the swap's copies in `_simswap` and its async side in
 `_simswapping`.
 
-Options (agent level, from `SimSettings`; `rate_gbps`, `out_gbps`, `in_gbps`, `link_gbps`
-and `overhead_seconds` may also come per group through the job's options): devices,
+Options are validated models: `SimOptions` at agent level (from `SimSettings`): devices,
 capacity_bytes, rate_gbps, out_gbps, in_gbps, link_gbps, chunk_bytes, overhead_seconds,
-root.
+root; `SimJobOptions` per group, through the job's options: the rates and
+overhead_seconds. A malformed one is refused with one line naming it.
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from rlslice import env
-from rlslice.snapshot_agent.backends import _freeze, _simfs, _simswap
+from rlslice.snapshot_agent.backends import _freeze, _options, _simfs, _simswap
 from rlslice.snapshot_agent.backends._simcopy import (
     CHUNK,
     Link,
@@ -62,7 +64,6 @@ from rlslice.snapshot_agent.backends.base import (
     DeviceUsage,
     JobHandle,
     MoveOutcome,
-    OptionsError,
     ProbeResult,
 )
 
@@ -70,17 +71,38 @@ GiB = 1 << 30
 DEFAULT_ROOT = env.DEFAULT_SIM_ROOT
 
 
-def _float(options: Mapping[str, str], key: str, default: float) -> float:
-    text = options.get(key)
-    if text is None or text == "":
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise OptionsError(f"{key}: {text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise OptionsError(f"{key}: must be a finite number >= 0, got {text}")
-    return value
+Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""GB/s, seconds or a count: a finite number >= 0."""
+
+
+class SimJobOptions(BaseModel):
+    """What a group may set for its jobs' moves (None: the agent's own)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    rate_gbps: Rate | None = None
+    """Both directions' copy rate, GB/s; 0 means unlimited."""
+    out_gbps: Rate | None = None
+    """Device-to-host copy rate, GB/s (`rate_gbps` unless set)."""
+    in_gbps: Rate | None = None
+    """Host-to-device copy rate, GB/s (`rate_gbps` unless set)."""
+    link_gbps: Rate | None = None
+    """A cap on both directions together, GB/s; 0 means none."""
+    overhead_seconds: Rate | None = None
+    """Fixed cost added to every move."""
+
+
+class SimOptions(SimJobOptions):
+    """The `sim` backend's agent-level options (from `SimSettings`)."""
+
+    devices: Rate = 1
+    """Emulated devices on the node (at least one)."""
+    capacity_bytes: Rate = 16 * GiB
+    """Memory of each emulated device."""
+    chunk_bytes: Rate = CHUNK
+    """Bytes copied per step (at least 4096)."""
+    root: str = ""
+    """Where the node folders live (empty: the default root)."""
 
 
 class SimBackend(SwappingMixin, BackendBase):
@@ -89,17 +111,17 @@ class SimBackend(SwappingMixin, BackendBase):
     name: ClassVar[str] = "sim"
 
     def __init__(self, context: BackendContext) -> None:
-        options = context.options
-        self._root = Path(options.get("root") or DEFAULT_ROOT)
+        options = _options.parse(SimOptions, context.options)
+        self._root = Path(options.root or DEFAULT_ROOT)
         self.node_dir = self._root / context.node
-        count = int(_float(options, "devices", 1))
-        capacity = int(_float(options, "capacity_bytes", 16 * GiB))
-        self._rate = _float(options, "rate_gbps", 0.0)
-        self._out = _float(options, "out_gbps", self._rate)
-        self._in = _float(options, "in_gbps", self._rate)
-        self._shared = _float(options, "link_gbps", 0.0)
-        self._chunk = max(4096, int(_float(options, "chunk_bytes", CHUNK)))
-        self._overhead = _float(options, "overhead_seconds", 0.0)
+        count = int(options.devices)
+        capacity = int(options.capacity_bytes)
+        self._rate = options.rate_gbps or 0.0
+        self._out = self._rate if options.out_gbps is None else options.out_gbps
+        self._in = self._rate if options.in_gbps is None else options.in_gbps
+        self._shared = options.link_gbps or 0.0
+        self._chunk = max(4096, int(options.chunk_bytes))
+        self._overhead = options.overhead_seconds or 0.0
         self._links: dict[tuple[float, float, float], Link] = {}
         self._links_lock = threading.Lock()
         for leftover in (self.node_dir / _simfs.PARKED_DIR).glob(".trash-*"):
@@ -192,13 +214,17 @@ class SimBackend(SwappingMixin, BackendBase):
     def _rates(self, job: JobHandle) -> tuple[Link, float]:
         """The link the job's copies share (per rates: a group may set its own) and the
         fixed cost of each move."""
-        rate = _float(job.options, "rate_gbps", -1.0)
-        out = _float(job.options, "out_gbps", rate if rate >= 0 else self._out)
-        into = _float(job.options, "in_gbps", rate if rate >= 0 else self._in)
-        shared = _float(job.options, "link_gbps", self._shared)
+        asked = _options.parse(SimJobOptions, job.options)
+        rate = asked.rate_gbps
+        out = asked.out_gbps if asked.out_gbps is not None else rate
+        into = asked.in_gbps if asked.in_gbps is not None else rate
+        out = self._out if out is None else out
+        into = self._in if into is None else into
+        shared = self._shared if asked.link_gbps is None else asked.link_gbps
         with self._links_lock:
             link = self._links.setdefault((out, into, shared), Link(out, into, shared))
-        return link, _float(job.options, "overhead_seconds", self._overhead)
+        overhead = self._overhead if asked.overhead_seconds is None else asked.overhead_seconds
+        return link, overhead
 
     async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
         link, overhead = self._rates(job)
