@@ -234,7 +234,6 @@ def run(args: argparse.Namespace) -> int:
 
         return agent_remove.run(args.action[1:])
     import asyncio
-    import signal
     import sys
 
     from pydantic import ValidationError
@@ -251,33 +250,33 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         from rlslice.adapters.kube import KubeError
+        from rlslice.adapters.server import serve_until_signal
         from rlslice.snapshot_agent.kubernetes_mode import start_kubernetes_agent
 
-        # Handlers first: a SIGTERM during start must still stop us cleanly.
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        running: Any  # RunningAgent or KubernetesAgent: both stop(grace)
-        try:
+        async def start() -> Any:  # RunningAgent or KubernetesAgent: both stop(grace)
             if kube is not None:
-                running = await start_kubernetes_agent(settings, kube)
-                agent = running.agent
-            else:
-                running = agent = await start_agent(settings)
+                return await start_kubernetes_agent(settings, kube)
+            return await start_agent(settings)
+
+        def serving(running: Any) -> None:
+            agent = running.agent if kube is not None else running
+            where = ""
+            if kube is not None and kube.node != kube.node_name:
+                where = f" (Kubernetes node {kube.node_name})"
+            print(
+                f"rlslice agent: node {agent.node}{where} serving on {agent.address}, "
+                f"local socket {agent.socket_path}, backend {settings.backend}",
+                flush=True,
+            )
+
+        async def stop(running: Any) -> None:
+            await running.stop(grace=5.0)
+
+        try:
+            await serve_until_signal(start, stop, started=serving)
         except (RlsliceError, RuntimeError, OSError, KubeError) as error:
             print(f"rlslice agent: {error}", file=sys.stderr)
             return 1
-        where = ""
-        if kube is not None and kube.node != kube.node_name:
-            where = f" (Kubernetes node {kube.node_name})"
-        print(
-            f"rlslice agent: node {agent.node}{where} serving on {agent.address}, "
-            f"local socket {agent.socket_path}, backend {settings.backend}",
-            flush=True,
-        )
-        await stop.wait()
-        await running.stop(grace=5.0)
         return 0
 
     return asyncio.run(main())

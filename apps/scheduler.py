@@ -272,38 +272,45 @@ async def serve(
     settings: Any, election: Election | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run until SIGTERM/SIGINT (or `stop` is set), then stop gracefully."""
-    import asyncio
     import logging
-    import signal
 
+    from rlslice.adapters.server import serve_until_signal
     from rlslice.scheduler.server import start_scheduler
 
     log = logging.getLogger(__name__)
-    # Handlers first: a SIGTERM right after the address is printed must stop us cleanly.
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
     if election is not None:
         elected = elected_scheduler(settings, election)
-        await elected.start()
-        print(
-            f"rlslice scheduler listening on {elected.address} as {election.identity}, "
-            f"serving while it holds Lease {election.namespace}/{election.name}",
-            flush=True,
-        )
-        await stop.wait()
-        log.info("stopping: handing over the Lease")
-        # The scheduler stops at once: its state is in the store, and the Lease is
-        # released so the standby takes over now rather than after the lease duration.
-        await elected.stop(release=True)
+
+        async def start_elected() -> Any:
+            await elected.start()
+            return elected
+
+        def campaigning(_: Any) -> None:
+            print(
+                f"rlslice scheduler listening on {elected.address} as {election.identity}, "
+                f"serving while it holds Lease {election.namespace}/{election.name}",
+                flush=True,
+            )
+
+        async def hand_over(_: Any) -> None:
+            log.info("stopping: handing over the Lease")
+            # The scheduler stops at once: its state is in the store, and the Lease is
+            # released so the standby takes over now rather than after the lease duration.
+            await elected.stop(release=True)
+
+        await serve_until_signal(start_elected, hand_over, started=campaigning, until=stop)
         return
-    running = await start_scheduler(settings)
-    print(f"rlslice scheduler listening on {running.address}", flush=True)
-    if running.metrics_port is not None:
-        where = f"{settings.metrics_address}:{running.metrics_port}"
-        print(f"metrics on http://{where}/metrics", flush=True)
-    await stop.wait()
-    log.info("stopping (grace %.1f s)", settings.shutdown_grace_seconds)
-    await running.stop(settings.shutdown_grace_seconds)
+
+    def listening(running: Any) -> None:
+        print(f"rlslice scheduler listening on {running.address}", flush=True)
+        if running.metrics_port is not None:
+            where = f"{settings.metrics_address}:{running.metrics_port}"
+            print(f"metrics on http://{where}/metrics", flush=True)
+
+    async def stop_gracefully(running: Any) -> None:
+        log.info("stopping (grace %.1f s)", settings.shutdown_grace_seconds)
+        await running.stop(settings.shutdown_grace_seconds)
+
+    await serve_until_signal(
+        lambda: start_scheduler(settings), stop_gracefully, started=listening, until=stop
+    )

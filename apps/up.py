@@ -12,8 +12,8 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 from pathlib import Path
+from typing import Any
 
 from rlslice.apps.flags import size
 
@@ -86,8 +86,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    """Run scheduler and agent until `stop` is set."""
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> None:
+    """Run scheduler and agent until SIGTERM/SIGINT (or `stop` is set), then stop both."""
+    from rlslice.adapters.server import serve_until_signal
+
+    async def stop_both(running: tuple[Any, Any]) -> None:
+        scheduler, agent = running
+        await agent.stop(2.0)
+        await scheduler.stop(2.0)
+
+    await serve_until_signal(lambda: start(args), stop_both, until=stop)
+
+
+async def start(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The started scheduler and agent, their addresses printed."""
     from rlslice.config import load_group_config
     from rlslice.scheduler import SchedulerSettings, start_scheduler
     from rlslice.snapshot_agent import AgentSettings, start_agent
@@ -141,20 +153,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     )
     print(f"scheduler {scheduler.address}", flush=True)
     print(f"agent {agent.node} {agent.address} socket {agent.socket_path}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await agent.stop(2.0)
-        await scheduler.stop(2.0)
+    return scheduler, agent
 
 
 def run(args: argparse.Namespace) -> int:
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(args, stop)
-
-    asyncio.run(main())
+    asyncio.run(serve(args))
     return 0

@@ -12,15 +12,19 @@ testing kit, the benches) build their servers here, so both answer the same way:
   role is open (no token; mutual TLS stands in for the job token only);
 - `GrpcServer` binds (TLS when configured, IPv6 literals bracketed), starts, reports health
   NOT_SERVING until its owner says SERVING, and stops;
-- `serve_metrics` starts the Prometheus endpoint of a registry.
+- `serve_metrics` starts the Prometheus endpoint of a registry;
+- `serve_until_signal` runs a started server until SIGTERM or SIGINT, then stops it: the
+  one main loop of `rlslice scheduler`, `rlslice agent` and `rlslice up`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import signal
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
+_Running = TypeVar("_Running")
 
 #: Services that need no role: anyone may ask whether a server is up and what it serves.
 OPEN_SERVICES: frozenset[str] = frozenset(
@@ -211,3 +216,39 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsE
         http.server_close()
 
     return MetricsEndpoint(port=int(http.server_port), _close=close)
+
+
+async def serve_until_signal(
+    start: Callable[[], Awaitable[_Running]],
+    stop: Callable[[_Running], Awaitable[object]],
+    *,
+    started: Callable[[_Running], object] | None = None,
+    until: asyncio.Event | None = None,
+) -> None:
+    """`start()`, call `started` with what it returned, wait, then `stop` it.
+
+    The wait ends on SIGTERM or SIGINT, or, when `until` is given, once it is set (no
+    handlers are installed then: the caller owns the stopping). The handlers go in before
+    `start`, so a signal that comes while the server starts still stops it once it is up.
+    An error from `start` propagates (nothing was started to stop); `stop` runs however the
+    wait ends. The signals' earlier handlers are back once it returns.
+    """
+    stopping = until if until is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if until is None else ()
+    previous = {signum: signal.getsignal(signum) for signum in signals}
+    for signum in signals:
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        running = await start()
+        try:
+            if started is not None:
+                started(running)
+            await stopping.wait()
+        finally:
+            await stop(running)
+    finally:
+        for signum, handler in previous.items():
+            loop.remove_signal_handler(signum)
+            if handler is not None:  # asyncio.run's own SIGINT handler, for one
+                signal.signal(signum, handler)
