@@ -64,6 +64,7 @@ JOB_WIRE_CARRIES: Mapping[str, str] = {
     "held_seconds": "held_seconds",
     "last_served_at": "last_served_at",
     "phase": "phase",
+    "lock_only": "lock_only",
 }
 #: Each `JobRecord` field the wire leaves out on purpose -> why.
 JOB_WIRE_OMITS: Mapping[str, str] = {
@@ -117,7 +118,6 @@ def group_status(
     now: float,
     busy: float,
     nodes: Sequence[str],
-    lock_only: Collection[str] = (),
 ) -> pb.GroupStatus:
     """The wire form of a group's state."""
     spec = state.spec
@@ -144,7 +144,7 @@ def group_status(
                 held_seconds=held,
                 reason=state.faulted.get(name, ""),
                 lease_expires_at=record.expires_at,
-                lock_only=name in lock_only,
+                lock_only=record.lock_only,
                 phase=record.phase,
                 last_served_at=record.last_served_at or 0.0,
             )

@@ -53,6 +53,7 @@ from rlslice.scheduler.core.moves import (
     plan_prefetch,
     plan_switch,
 )
+from rlslice.scheduler.core.registration import AgentSurvey
 from rlslice.scheduler.store import AgentRecord
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
@@ -304,28 +305,25 @@ class Coordinator(_Moving):
             return dataclasses.replace(result, seconds=self._clock() - started)
         return result
 
-    async def agent_jobs(self, spec: GroupSpec) -> dict[str, list[tuple[str, str]]]:
-        """The (job, group) pairs each node of the group knows; nodes that did not answer
-        are left out (see `rlslice.scheduler.core.registration`)."""
-        statuses = await self._statuses(self.nodes_for(spec))
-        return {node: [(j.job, j.group) for j in s.jobs] for node, s in statuses.items()}
-
-    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
-        """Host bytes each node of the group can give the group's parked state: what its
-        agent reports available now, plus what the group parks there already. A node that
-        does not answer Status counts with what it reported at registration; a node that
-        never reported host memory (0, the wire's "unset") is left out (unknown)."""
+    async def survey(self, spec: GroupSpec) -> AgentSurvey:
+        """One Status to each node of the group, for a registration: the (job, group)
+        pairs each node that answered knows (see `core.registration`), and the host bytes
+        each node can give the group's parked state: what its agent reports available
+        now, plus what the group parks there already. A node that does not answer counts
+        with the host memory it reported at registration; a node that never reported host
+        memory (0, the wire's "unset") is left out (unknown)."""
         nodes = self.nodes_for(spec)
         statuses = await self._statuses(nodes)
-        capacity: dict[str, int] = {}
+        jobs = {node: tuple((j.job, j.group) for j in s.jobs) for node, s in statuses.items()}
+        parking: dict[str, int] = {}
         for node in nodes:
             status = statuses.get(node)
             if status is not None and status.host_available_bytes > 0:
                 mine = sum(j.host_bytes for j in status.jobs if j.group == spec.name)
-                capacity[node] = status.host_available_bytes + mine
+                parking[node] = status.host_available_bytes + mine
             elif (record := self.agents.get(node)) is not None and record.host_available_bytes:
-                capacity[node] = record.host_available_bytes
-        return capacity
+                parking[node] = record.host_available_bytes
+        return AgentSurvey(jobs, parking)
 
     async def _statuses(self, nodes: tuple[str, ...]) -> dict[str, apb.AgentStatus]:
         async def one(node: str) -> apb.AgentStatus | None:

@@ -17,6 +17,7 @@ persistence and its actions happen without interleaving.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -25,6 +26,7 @@ from typing import Protocol
 
 from rlslice._errors import (
     AbortedError,
+    FailedPreconditionError,
     NotFoundError,
     ResourceExhaustedError,
     UnavailableError,
@@ -47,6 +49,7 @@ from rlslice.scheduler.core import (
 )
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.capacity import register_refusal
+from rlslice.scheduler.core.registration import AgentSurvey, RegistrationVerdict, judge
 from rlslice.scheduler.core.state import JobRecord, Switch
 from rlslice.scheduler.core.waits import WaitIndex, actor
 from rlslice.scheduler.metrics import SchedulerMetrics
@@ -70,8 +73,8 @@ class SwitchRunner(Protocol):
         """Ask the group's agents to drop a job's state."""
         ...
 
-    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
-        """Host bytes per node the group's parked state may take (nodes that reported)."""
+    async def survey(self, spec: GroupSpec) -> AgentSurvey:
+        """One Status fan-out over the group's nodes: who knows which job, parking room."""
         ...
 
 
@@ -83,6 +86,8 @@ class Registration:
     secret: str
     lease_seconds: float
     epoch: int
+    warning: str = ""
+    """Why the job is lock only (no agent of the group knows it), or ""."""
 
 
 class Engine(_Durability):
@@ -203,8 +208,11 @@ class Engine(_Durability):
         weight: float | None,
         device_bytes: int,
         session: str = "",
+        *,
+        lock_only: bool = False,
     ) -> Registration:
-        """Open a lease for `job` in `group` (created first in auto-create mode)."""
+        """Open a lease for `job` in `group` (created first in auto-create mode); no check
+        with the agents (`register_job` makes them)."""
         runtime = self.groups.get(group)
         if runtime is None:
             if not self.auto_create_groups:
@@ -226,32 +234,64 @@ class Engine(_Durability):
         lease_id = secrets.token_hex(12)
         secret = secrets.token_urlsafe(32)
         event = events.Register(
-            job, lease_id, hash_secret(secret), seconds, priority, weight, device_bytes, session
+            job,
+            lease_id,
+            hash_secret(secret),
+            seconds,
+            priority,
+            weight,
+            device_bytes,
+            session,
+            lock_only,
         )
         self._apply(runtime, event)
         self._leases.add(lease_id, group, job)
         return Registration(lease_id, secret, seconds, runtime.state.epoch)
 
-    async def check_capacity(self, group: str, job: str, device_bytes: int) -> None:
-        """Refuse (RESOURCE_EXHAUSTED) a job whose parked state, beside every other job's of
-        the group, would not fit in a node's host memory. Other refusals (unknown group,
-        duplicate) are left to `register`."""
-        if device_bytes <= 0:
-            return
+    async def register_job(
+        self,
+        group: str,
+        job: str,
+        lease_seconds: float,
+        priority: int | None,
+        weight: float | None,
+        device_bytes: int,
+        session: str = "",
+    ) -> Registration:
+        """Register, as a client's Register asks: one Status fan-out over the group's nodes
+        (none without agents: a pure lock), then refuse (RESOURCE_EXHAUSTED) a job whose
+        parked state, beside every other job's of the group, would not fit in a node's
+        host memory (`core.capacity`), and a job no agent knows where the group requires
+        agent registration (FAILED_PRECONDITION); else register it, lock only (warned, and
+        kept in its job record) when no agent knows it (`core.registration`)."""
         runtime = self.groups.get(group)
-        if runtime is None and not self.auto_create_groups:
-            return
         spec = runtime.state.spec if runtime is not None else GroupSpec(name=group)
-        jobs = runtime.state.jobs if runtime is not None else {}
-        if job in jobs or not self.runner.nodes_for(spec):
-            return
-        capacity = await self.runner.parking_capacity(spec)
-        others = {name: record.device_bytes for name, record in jobs.items()}
-        reason = register_refusal(
-            group, job, device_bytes, others, capacity, self.host_reserve_bytes
+        nodes = self.runner.nodes_for(spec)
+        verdict: RegistrationVerdict | None = None
+        if nodes:
+            survey = await self.runner.survey(spec)
+            jobs = runtime.state.jobs if runtime is not None else {}
+            known = runtime is not None or self.auto_create_groups
+            if device_bytes > 0 and known and job not in jobs:
+                others = {name: record.device_bytes for name, record in jobs.items()}
+                reason = register_refusal(
+                    group, job, device_bytes, others, survey.parking, self.host_reserve_bytes
+                )
+                if reason is not None:
+                    raise ResourceExhaustedError(reason)
+            verdict = judge(job, group, nodes, survey.jobs)
+            if verdict.lock_only and spec.require_agent_registration:
+                raise FailedPreconditionError(verdict.message(required=True))
+        lock_only = verdict is not None and verdict.lock_only
+        done = self.register(
+            group, job, lease_seconds, priority, weight, device_bytes, session, lock_only=lock_only
         )
-        if reason is not None:
-            raise ResourceExhaustedError(reason)
+        if verdict is None or not lock_only:
+            return done
+        warning = verdict.message(required=False)
+        self.metrics.count_lock_only(group)
+        log.warning("%s", warning)
+        return dataclasses.replace(done, warning=warning)
 
     def lease(self, lease_id: str, secret: str) -> tuple[GroupRuntime, JobRecord]:
         """The live lease `lease_id`, once `secret` proves the caller owns it."""

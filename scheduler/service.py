@@ -19,11 +19,10 @@ from rlslice._ids import validate_id
 from rlslice.adapters.auth import Role
 from rlslice.adapters.grpc_errors import abort_with, answer
 from rlslice.adapters.server import method_roles
-from rlslice.config import GroupSpec
 from rlslice.scheduler import _proto, _validate
 from rlslice.scheduler._runtime import EventEntry, GroupRuntime
 from rlslice.scheduler.coordinator import Coordinator
-from rlslice.scheduler.core import GroupState, YieldReason, registration, yield_reason
+from rlslice.scheduler.core import GroupState, YieldReason, yield_reason
 from rlslice.scheduler.core.spec_change import jobs_off_device, node_change_refusal
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.store import AgentRecord
@@ -79,8 +78,6 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, engine: Engine, coordinator: Coordinator) -> None:
         self.engine = engine
         self.coordinator = coordinator
-        self._lock_only: dict[str, set[str]] = {}
-        """Per group, the jobs no agent knew at their Register (see `registration`)."""
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -96,8 +93,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if runtime is not None:
             busy = runtime.busy.fraction(now, state.holder_since if state.holder else None)
         nodes = self.coordinator.nodes_for(state.spec)
-        lock_only = self._lock_only.get(state.name, set())
-        return _proto.group_status(state, now=now, busy=busy, nodes=nodes, lock_only=lock_only)
+        return _proto.group_status(state, now=now, busy=busy, nodes=nodes)
 
     def event(self, entry: EventEntry) -> pb.GroupEvent:
         return _proto.group_event(
@@ -109,9 +105,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     @_refusals
     async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.RegisterResponse:
         _validate.register(request)
-        await self.engine.check_capacity(request.group, request.job, request.device_bytes)
-        verdict = await self._agents_know(request.group, request.job)
-        done = self.engine.register(
+        done = await self.engine.register_job(
             request.group,
             request.job,
             request.lease_seconds,
@@ -120,35 +114,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             request.device_bytes,
             request.session,
         )
-        lock_only = self._lock_only.setdefault(request.group, set())
-        lock_only.discard(request.job)
-        warning = ""
-        if verdict is not None and verdict.lock_only:
-            warning = verdict.message(required=False)
-            lock_only.add(request.job)
-            self.engine.metrics.count_lock_only(request.group)
-            log.warning("%s", warning)
         return pb.RegisterResponse(
             lease_id=done.lease_id,
             secret=done.secret,
             lease_seconds=done.lease_seconds,
             epoch=done.epoch,
-            warning=warning,
+            warning=done.warning,
         )
-
-    async def _agents_know(self, group: str, job: str) -> registration.RegistrationVerdict | None:
-        """Whether an agent of the group knows `job`; refuses a lock-only job where the group
-        requires agent registration. None: the group has no agents (a pure lock)."""
-        runtime = self.engine.groups.get(group)
-        spec = runtime.state.spec if runtime is not None else GroupSpec(name=group)
-        nodes = self.coordinator.nodes_for(spec)
-        if not nodes:
-            return None
-        answers = await self.coordinator.agent_jobs(spec)
-        verdict = registration.judge(job, group, nodes, answers)
-        if verdict.lock_only and spec.require_agent_registration:
-            raise FailedPreconditionError(verdict.message(required=True))
-        return verdict
 
     @_refusals
     async def KeepAlive(

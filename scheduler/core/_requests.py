@@ -38,6 +38,7 @@ def _register(tx: _Tx, e: ev.Register) -> None:
         weight=known.weight if listed or e.weight is None else e.weight,
         device_bytes=e.device_bytes,
         session=e.session,
+        lock_only=e.lock_only,
     )
     tx.set(jobs={**s.jobs, e.job: record})
     tx.record(Kind.REGISTERED, e.job)

@@ -24,6 +24,8 @@ class Register:
     device_bytes: int = 0
     session: str = ""
     """The registering client instance, for the deadlock check ("" if unsaid)."""
+    lock_only: bool = False
+    """No agent of the group knows the job (see `core.registration`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,21 @@ that did not answer may know the job: no verdict then.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["RegistrationVerdict", "judge"]
+__all__ = ["AgentSurvey", "RegistrationVerdict", "judge"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSurvey:
+    """What one Status call to each of a group's nodes told, for a registration: who
+    knows the job (the lock-only verdict) and where its state could be parked (the
+    capacity rule, `core.capacity`). Nodes that did not answer are left out of `jobs`."""
+
+    jobs: Mapping[str, Iterable[tuple[str, str]]] = field(default_factory=dict)
+    """For each node that answered, its jobs as (job, group) pairs."""
+    parking: Mapping[str, int] = field(default_factory=dict)
+    """Host bytes each node whose host memory is known can give the group's parked state."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,9 @@ class JobRecord:
     """When the job's last hold of the group ended (`lrs` policy); None: never served."""
     phase: str = ""
     """The phase the job last asked for: the one it waits for, or holds once granted."""
+    lock_only: bool = False
+    """No agent of the group knew the job when it registered (`core.registration`): it
+    takes turns on the lock, but nothing of it moves. It leaves with the job's lease."""
 
 
 @dataclass(frozen=True, slots=True)

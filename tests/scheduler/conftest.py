@@ -14,6 +14,7 @@ import pytest
 from rlslice._errors import RlsliceError
 from rlslice.config import GroupSpec
 from rlslice.scheduler.core import GroupState, actions, events, new_group, step
+from rlslice.scheduler.core.registration import AgentSurvey
 
 
 @dataclass
@@ -227,8 +228,8 @@ class Runner:
         self.releases.append((job, force))
         self.released.set()
 
-    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
-        return {}
+    async def survey(self, spec: GroupSpec) -> AgentSurvey:
+        return AgentSurvey()
 
 
 @contextlib.asynccontextmanager

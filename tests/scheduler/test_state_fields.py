@@ -46,6 +46,7 @@ def _full_state() -> GroupState:
             session=f"s{n}",
             last_served_at=100.0 + i,
             phase="rollout",
+            lock_only=True,
         )
         for i, n in enumerate("abcde")
     }

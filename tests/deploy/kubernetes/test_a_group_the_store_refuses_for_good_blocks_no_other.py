@@ -23,6 +23,7 @@ from rlslice._errors import UnavailableError
 from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
 from rlslice.scheduler.core import GroupState
+from rlslice.scheduler.core.registration import AgentSurvey
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.store import AgentRecord, StoreError
@@ -128,5 +129,5 @@ class _NoAgents:
     async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
         return None
 
-    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
-        return {}
+    async def survey(self, spec: GroupSpec) -> AgentSurvey:
+        return AgentSurvey()

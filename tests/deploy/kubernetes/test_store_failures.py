@@ -38,6 +38,7 @@ from rlslice._errors import UnavailableError
 from rlslice.adapters.kube import KubeAPI
 from rlslice.config import GroupSpec
 from rlslice.scheduler.core import MAX_SWITCH_ATTEMPTS, GroupState, events
+from rlslice.scheduler.core.registration import AgentSurvey
 from rlslice.scheduler.engine import Engine
 from rlslice.scheduler.metrics import SchedulerMetrics
 from rlslice.scheduler.store import StoreError
@@ -158,8 +159,8 @@ class _NoAgents:
     async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
         return None
 
-    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
-        return {}
+    async def survey(self, spec: GroupSpec) -> AgentSurvey:
+        return AgentSurvey()
 
 
 @contextlib.asynccontextmanager
@@ -274,8 +275,8 @@ class _Recording:
     async def release(self, spec: GroupSpec, job: str, force: bool) -> None:
         self.log.append(f"release {job}")
 
-    async def parking_capacity(self, spec: GroupSpec) -> dict[str, int]:
-        return {}
+    async def survey(self, spec: GroupSpec) -> AgentSurvey:
+        return AgentSurvey()
 
 
 async def test_a_job_that_leaves_while_its_switch_is_being_stored_is_released_after_it(
