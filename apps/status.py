@@ -2,7 +2,7 @@
 jobs, epoch, last switch, switches, busy), or `--json`.
 
 "lock only" lists the jobs no agent of the group knew when they registered: they take turns
-on the lock, but their switches move nothing of them (`rlslice.scheduler.registration`)."""
+on the lock, but their switches move nothing of them (`rlslice.scheduler.core.registration`)."""
 
 from __future__ import annotations
 
