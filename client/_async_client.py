@@ -100,8 +100,8 @@ class AsyncClient(PhaseHoldsMixin):
 
     @property
     def closed(self) -> bool:
-        """True once `close()` began (or a `Client` that never ran a call was closed):
-        every later call raises FailedPreconditionError."""
+        """True once `close()` ends the leases (after bringing state home, when asked to),
+        or after `mark_closed()`: every later call raises FailedPreconditionError."""
         return self._closed
 
     def mark_closed(self) -> None:
