@@ -26,8 +26,11 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Annotated, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlslice.snapshot_agent.backends import _options
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
 from rlslice.snapshot_agent.backends.base import (
     BackendBase,
@@ -86,17 +89,21 @@ class ProcessOps(Protocol):
     async def unlock(self, pid: int, *, deadline: float) -> None: ...
 
 
-def _option_float(job: JobHandle, defaults: dict[str, str], key: str, default: float) -> float:
-    raw = job.options.get(key, defaults.get(key))
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError as error:
-        raise BackendError(f"option {key}: {raw!r} is not a number") from error
-    if not value > 0:
-        raise BackendError(f"option {key}: must be positive, got {raw!r}")
-    return value
+class CheckpointOptions(BaseModel):
+    """What `cuda` and `cuda-checkpoint` moves read, agent level or per group (a group's
+    value wins)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    lock_timeout_ms: Annotated[float, Field(gt=0)] = DEFAULT_LOCK_TIMEOUT_MS
+    """How long a process's lock may take, ms (within the move's deadline)."""
+    rollback_seconds: Annotated[float, Field(gt=0)] = DEFAULT_ROLLBACK_SECONDS
+    """How long a failed move waits for its rollback before it goes on in the background."""
+
+
+def _move_options(job: JobHandle, defaults: dict[str, str]) -> CheckpointOptions:
+    """The agent's options under the job's; a malformed one is a BackendError naming it."""
+    return _options.parse(CheckpointOptions, {**defaults, **job.options}, error=BackendError)
 
 
 def summarize(states: Iterable[ProcState]) -> BackendState:
@@ -267,7 +274,7 @@ class CheckpointMover:
     ) -> None:
         """Lock the running, then checkpoint every locked process; on a failure, roll back
         and raise BackendError (the job keeps running)."""
-        lock_ms = int(_option_float(job, self._options, "lock_timeout_ms", DEFAULT_LOCK_TIMEOUT_MS))
+        lock_ms = int(_move_options(job, self._options).lock_timeout_ms)
         remaining_ms = int((deadline - time.time()) * 1000)
         if remaining_ms <= 0:
             raise BackendError(f"{self._backend}: deadline passed before locking")
@@ -313,7 +320,7 @@ class CheckpointMover:
         """Put every process back to RUNNING. The caller waits up to the `rollback_seconds`
         option; past that the rollback goes on in the background. Returns words for the
         caller's message."""
-        seconds = _option_float(job, self._options, "rollback_seconds", DEFAULT_ROLLBACK_SECONDS)
+        seconds = _move_options(job, self._options).rollback_seconds
         task = asyncio.ensure_future(
             self._put_back(
                 list(checkpointed),

@@ -9,20 +9,22 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from rlslice.snapshot_agent.backends.base import OptionsError
+from rlslice.snapshot_agent.backends.base import BackendError, OptionsError
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse(model: type[M], options: Mapping[str, str]) -> M:
+def parse(
+    model: type[M], options: Mapping[str, str], *, error: type[BackendError] = OptionsError
+) -> M:
     """`options` as `model`: an empty value counts as unset, keys the model does not name
-    are ignored (they are other backends' or the agent's). OptionsError names the first
-    field that does not validate."""
+    are ignored (they are other backends' or the agent's). `error` (OptionsError unless
+    the backend says otherwise) names the first field that does not validate."""
     given = {key: value for key, value in options.items() if value != ""}
     try:
         return model.model_validate(given)
-    except ValidationError as error:
-        first = error.errors()[0]
+    except ValidationError as invalid:
+        first = invalid.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or model.__name__
         got = given.get(field, first.get("input"))
-        raise OptionsError(f"{field}: {first['msg'].lower()}, got {got!r}") from None
+        raise error(f"{field}: {first['msg'].lower()}, got {got!r}") from None

@@ -4,14 +4,17 @@ Case matrix:
 - sim, per group: a number, "" (unset), an unknown key (ignored) -> the model's values;
   "abc", "nan", "inf", "-1" -> OptionsError starting with the field's name, on one line
 - sim, agent level: defaults when nothing is set, a set value read
+- cuda / cuda-checkpoint: a group's value wins over the agent's; "0" or "x" is a
+  BackendError (the move fails, as before) naming the field
 """
 
 from __future__ import annotations
 
 import pytest
 
+from rlslice.snapshot_agent.backends._checkpoint import CheckpointOptions, _move_options
 from rlslice.snapshot_agent.backends._options import parse
-from rlslice.snapshot_agent.backends.base import OptionsError
+from rlslice.snapshot_agent.backends.base import BackendError, JobHandle, OptionsError
 from rlslice.snapshot_agent.backends.sim import SimJobOptions, SimOptions
 
 
@@ -35,3 +38,16 @@ def test_the_agents_sim_options_default_when_nothing_is_set() -> None:
     assert (options.devices, options.chunk_bytes, options.root) == (1, 64 << 20, "")
     assert options.rate_gbps is None
     assert parse(SimOptions, {"capacity_bytes": "1024"}).capacity_bytes == 1024
+
+
+def test_a_groups_checkpoint_option_wins_over_the_agents() -> None:
+    job = JobHandle("a", "g", (1,), options={"lock_timeout_ms": "20"})
+    options = _move_options(job, {"lock_timeout_ms": "500", "rollback_seconds": "5"})
+    assert (options.lock_timeout_ms, options.rollback_seconds) == (20, 5)
+
+
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_a_malformed_checkpoint_option_fails_the_move_naming_it(value: str) -> None:
+    with pytest.raises(BackendError, match=r"^rollback_seconds: ") as caught:
+        parse(CheckpointOptions, {"rollback_seconds": value}, error=BackendError)
+    assert not isinstance(caught.value, OptionsError)
