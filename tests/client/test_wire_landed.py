@@ -13,72 +13,16 @@ its script (a reply, or a gRPC status). Cases:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.message import Message
 
 from rlslice._errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
-from rlslice.client._backoff import Backoff
-from rlslice.client._connection import SchedulerConnection
 from rlslice.client._results import Grant, YieldResult
-from rlslice.client._settings import resolve_settings
-from rlslice.client._wire import SchedulerWire
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
-Step = Message | grpc.StatusCode
-
-
-class _Lease:
-    group = "gpus"
-    lease_id = "lease-1"
-    secret = "secret-1"
-
-
-class _ScriptedStub:
-    """Answers each method's calls from its script, in order; records what was asked."""
-
-    def __init__(self, scripts: dict[str, list[Step]]) -> None:
-        self._scripts = scripts
-        self.asked: list[str] = []
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        async def call(request: Message, timeout: float | None = None) -> Message:
-            self.asked.append(method)
-            step = self._scripts[method].pop(0)
-            if isinstance(step, grpc.StatusCode):
-                raise grpc.aio.AioRpcError(
-                    step, grpc.aio.Metadata(), grpc.aio.Metadata(), details=step.name.lower()
-                )
-            return step
-
-        return call
-
-
-def _wire(scripts: dict[str, list[Step]]) -> tuple[SchedulerWire, _ScriptedStub]:
-    connection = SchedulerConnection(
-        "127.0.0.1:1",
-        tls=None,
-        token=None,
-        backoff=Backoff(initial=0.001, cap=0.001),
-        retry_seconds=5.0,
-    )
-    stub = _ScriptedStub(scripts)
-    connection._stub = stub  # the channel opens lazily: this one never does
-    settings = resolve_settings(
-        job="a",
-        group="gpus",
-        scheduler="127.0.0.1:1",
-        lease_seconds=None,
-        token=None,
-        tls=None,
-        priority=None,
-        weight=None,
-        env={},
-    )
-    return SchedulerWire(connection, settings, session="s"), stub
+from .scripted import ScriptedLease as _Lease
+from .scripted import scripted_wire as _wire
 
 
 def _deadline() -> float:
