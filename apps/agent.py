@@ -3,7 +3,9 @@
 Every flag can also come from the environment as `RLSLICE_AGENT_<FLAG>` (upper case, '-'
 as '_'), e.g. `RLSLICE_AGENT_SCHEDULER=10.0.0.5:7070`; a flag given wins. The Agent
 service's certificate flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`) read
-`RLSLICE_AGENT_SERVER_TLS_*`.
+`RLSLICE_AGENT_SERVER_TLS_*`. As the scheduler's, the flags are typed (`_FLAGS`, through
+`rlslice.apps.flags.env_flag`): a size, a path or a number parses where it is read, and a
+variable that does not parse stops the command naming it.
 
 `--kubernetes` (the chart's DaemonSet): see `rlslice.snapshot_agent.kubernetes_mode`.
 """
@@ -16,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rlslice.apps.flags import env_flag, size
-from rlslice.env import read_token_file
-
-parse_size = size  # the one size parser (rlslice.apps.flags), kept under its old name
+from rlslice.env import DEFAULT_SIM_ROOT, read_token_file
 
 
 def _variable(flag: str) -> str:
@@ -30,6 +30,14 @@ def _env(name: str) -> str | None:
     return os.environ.get(_variable(name)) or None
 
 
+def _octal(text: str) -> int:
+    """Permission bits written in octal (`660`)."""
+    try:
+        return int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not octal (try 660)") from None
+
+
 # The Agent service's own certificate: RLSLICE_AGENT_SERVER_TLS_*, so that no variable of
 # the agent means what a client's (RLSLICE_TLS_*) or the scheduler's means.
 _ENV_NAMES = {
@@ -38,52 +46,81 @@ _ENV_NAMES = {
     "tls-client-ca": "server-tls-client-ca",
 }
 
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    def add(flag: str, help: str) -> None:
-        env_flag(parser, f"--{flag}", _variable(flag), help)
-
-    add(
+#: (flag, help, env_flag keywords): the agent's flags, in --help order, each typed, each
+#: read from `_variable(flag)`. Unset ones (None) leave `AgentSettings`' defaults.
+_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    (
         "node",
-        help="node name (default: the host name; in Kubernetes mode NODE_NAME); a name that "
+        "node name (default: the host name; in Kubernetes mode NODE_NAME); a name that "
         "is not a DNS-1123 label, such as one with dots, is mapped to one plus a short hash",
-    )
-    add("address", help="TCP address of the Agent service (default 127.0.0.1:7071)")
-    add("advertise-address", help="address the scheduler dials (default: the bound one)")
-    add("socket", help="Unix socket for local registration")
-    add("socket-mode", help="permission bits of the socket, octal (default 660)")
-    add("state-dir", help="directory for job records (survives restarts)")
-    add("backend", help="default backend: sim, cuda, cuda-checkpoint or app (default sim)")
-    add("sim-devices", help="sim: emulated devices on this node (default 1)")
-    add("sim-capacity", help="sim: memory of each emulated device (default 16GiB)")
-    add("sim-rate-gbps", help="sim: copy rate in GB/s, 0 for unlimited (default 25)")
-    add("sim-overhead-seconds", help="sim: fixed cost per move (default 0)")
-    add("sim-root", help="sim: shared-memory folder (default /dev/shm/rlslice-sim)")
-    add("host-reserve", help="host memory kept free when parking (default 1GiB)")
-    add(
+        {},
+    ),
+    ("address", "TCP address of the Agent service", {"default": "127.0.0.1:7071"}),
+    ("advertise-address", "address the scheduler dials (default: the bound one)", {}),
+    ("socket", "Unix socket for local registration", {"type": Path}),
+    ("socket-mode", "permission bits of the socket, octal (default 660)", {"type": _octal}),
+    ("state-dir", "directory for job records (survives restarts)", {"type": Path}),
+    ("backend", "default backend: sim, cuda, cuda-checkpoint or app (default sim)", {}),
+    ("sim-devices", "sim: emulated devices on this node (default 1)", {"type": int}),
+    ("sim-capacity", "sim: memory of each emulated device (default 16GiB)", {"type": size}),
+    ("sim-rate-gbps", "sim: copy rate in GB/s, 0 for unlimited (default 25)", {"type": float}),
+    ("sim-overhead-seconds", "sim: fixed cost per move (default 0)", {"type": float}),
+    ("sim-root", f"sim: shared-memory folder (default {DEFAULT_SIM_ROOT})", {"type": Path}),
+    ("host-reserve", "host memory kept free when parking (default 1GiB)", {"type": size}),
+    (
         "host-budget",
-        help="most parked state kept in host memory (sim); over it, other parked parts "
+        "most parked state kept in host memory (sim); over it, other parked parts "
         "spill to --spill-dir, least recently parked first (default: no budget)",
-    )
-    add("spill-dir", help="disk tier: local directory parked parts spill to (default: none)")
-    add("scheduler", help="scheduler address to register with (host:port)")
+        {"type": size},
+    ),
+    (
+        "spill-dir",
+        "disk tier: local directory parked parts spill to (default: none)",
+        {"type": Path},
+    ),
+    ("scheduler", "scheduler address to register with (host:port)", {}),
     # The token comes from a file or RLSLICE_AGENT_TOKEN, never from a flag: a command
     # line is visible to every user of the host.
-    add(
+    (
         "token-file",
-        help="file holding the agent token (else RLSLICE_AGENT_TOKEN, else the node-local "
+        "file holding the agent token (else RLSLICE_AGENT_TOKEN, else the node-local "
         "~/.local/state/rlslice/agent-token, created 0600)",
-    )
-    add("tls-cert", help="PEM certificate of the Agent service")
-    add("tls-key", help="PEM key of the Agent service")
-    add("tls-client-ca", help="PEM CA that callers' certificates must chain to: mutual TLS")
-    add("scheduler-ca", help="PEM CA that verifies the scheduler (TLS to the scheduler)")
-    add(
+        {"type": Path},
+    ),
+    ("tls-cert", "PEM certificate of the Agent service", {"type": Path}),
+    ("tls-key", "PEM key of the Agent service", {"type": Path}),
+    (
+        "tls-client-ca",
+        "PEM CA that callers' certificates must chain to: mutual TLS",
+        {"type": Path},
+    ),
+    (
+        "scheduler-ca",
+        "PEM CA that verifies the scheduler (TLS to the scheduler)",
+        {"type": Path},
+    ),
+    (
         "scheduler-cert",
-        help="PEM client certificate shown to the scheduler (mutual TLS, with --scheduler-key)",
-    )
-    add("scheduler-key", help="PEM key of --scheduler-cert")
-    add("metrics-port", help="port of the Prometheus endpoint (default: none)")
+        "PEM client certificate shown to the scheduler (mutual TLS, with --scheduler-key)",
+        {"type": Path},
+    ),
+    ("scheduler-key", "PEM key of --scheduler-cert", {"type": Path}),
+    ("metrics-port", "port of the Prometheus endpoint (default: none)", {"type": int}),
+)
+#: Kubernetes mode's flags, after `--label` and `--kubernetes`.
+_KUBERNETES_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("proc-root", "Kubernetes mode: the host's /proc (default /proc)", {"type": Path}),
+    (
+        "rescan-seconds",
+        "Kubernetes mode: seconds between process rescans (default 5)",
+        {"type": float},
+    ),
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    for flag, text, options in _FLAGS:
+        env_flag(parser, f"--{flag}", _variable(flag), text, **options)
     parser.add_argument(
         "--label", action="append", default=[], help="node label key=value, for the scheduler"
     )
@@ -95,8 +132,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "pods on it (rlslice.dev/job label) instead of socket registration only",
         switch=True,
     )
-    add("proc-root", help="Kubernetes mode: the host's /proc (default /proc)")
-    add("rescan-seconds", help="Kubernetes mode: seconds between process rescans (default 5)")
+    for flag, text, options in _KUBERNETES_FLAGS:
+        env_flag(parser, f"--{flag}", _variable(flag), text, **options)
     parser.add_argument(
         "action",
         nargs=argparse.REMAINDER,
@@ -111,9 +148,7 @@ def settings_from(args: argparse.Namespace) -> Any:
 
     fields = _plain_fields(args)
     fields["sim"] = _sim_settings(args)
-    token = (
-        read_token_file(Path(args.token_file), "--token-file") if args.token_file else _env("token")
-    )
+    token = read_token_file(args.token_file, "--token-file") if args.token_file else _env("token")
     if token:
         fields["token"] = token
     fields.update(_tls_fields(args))
@@ -121,40 +156,38 @@ def settings_from(args: argparse.Namespace) -> Any:
     return AgentSettings(**fields)
 
 
+def _given(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
+    """`{field: value}` for each flag of `names` that was given (or its variable set)."""
+    values = {field: getattr(args, flag) for flag, field in names.items()}
+    return {field: value for field, value in values.items() if value not in (None, "")}
+
+
 def _plain_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The settings one flag each sets: names, addresses, sizes, numbers."""
     from rlslice._nodes import node_label
 
-    fields: dict[str, Any] = {}
-    simple = {
-        "node": "node",
-        "address": "address",
-        "advertise_address": "advertise_address",
-        "socket": "socket_path",
-        "state_dir": "state_dir",
-        "backend": "backend",
-        "scheduler": "scheduler",
-        "spill_dir": "spill_dir",
-    }
-    for flag, field in simple.items():
-        value = getattr(args, flag)
-        if value:
-            fields[field] = value
-    if _kubernetes(args):
+    fields = _given(
+        args,
+        {
+            "address": "address",
+            "advertise_address": "advertise_address",
+            "socket": "socket_path",
+            "socket_mode": "socket_mode",
+            "state_dir": "state_dir",
+            "backend": "backend",
+            "scheduler": "scheduler",
+            "spill_dir": "spill_dir",
+            "host_reserve": "host_reserve_bytes",
+            "host_budget": "host_budget_bytes",
+            "metrics_port": "metrics_port",
+        },
+    )
+    if args.kubernetes:
         from rlslice.snapshot_agent.kubernetes_mode import node_name_from_env
 
         fields["node"] = node_label(args.node or node_name_from_env())
     elif args.node:
         fields["node"] = node_label(args.node)
-    fields.setdefault("address", "127.0.0.1:7071")
-    if args.socket_mode:
-        fields["socket_mode"] = int(args.socket_mode, 8)
-    if args.host_reserve:
-        fields["host_reserve_bytes"] = parse_size(args.host_reserve)
-    if args.host_budget:
-        fields["host_budget_bytes"] = parse_size(args.host_budget)
-    if args.metrics_port:
-        fields["metrics_port"] = int(args.metrics_port)
     return fields
 
 
@@ -162,17 +195,16 @@ def _sim_settings(args: argparse.Namespace) -> Any:
     """The `sim` backend's settings (`--sim-*`)."""
     from rlslice.snapshot_agent.settings import SimSettings
 
-    sim: dict[str, Any] = {}
-    if args.sim_devices:
-        sim["devices"] = int(args.sim_devices)
-    if args.sim_capacity:
-        sim["capacity_bytes"] = parse_size(args.sim_capacity)
-    if args.sim_rate_gbps:
-        sim["rate_gbps"] = float(args.sim_rate_gbps)
-    if args.sim_overhead_seconds:
-        sim["overhead_seconds"] = float(args.sim_overhead_seconds)
-    if args.sim_root:
-        sim["root"] = Path(args.sim_root)
+    sim = _given(
+        args,
+        {
+            "sim_devices": "devices",
+            "sim_capacity": "capacity_bytes",
+            "sim_rate_gbps": "rate_gbps",
+            "sim_overhead_seconds": "overhead_seconds",
+            "sim_root": "root",
+        },
+    )
     return SimSettings(**sim)
 
 
@@ -205,21 +237,17 @@ def _labels(args: argparse.Namespace) -> dict[str, str]:
     return labels
 
 
-def _kubernetes(args: argparse.Namespace) -> bool:
-    return str(args.kubernetes or "").lower() in {"1", "true", "yes"}
-
-
 def kubernetes_from(args: argparse.Namespace) -> Any:
     """The `KubernetesSettings` the flags describe, or None outside Kubernetes mode."""
-    if not _kubernetes(args):
+    if not args.kubernetes:
         return None
     from rlslice.snapshot_agent.kubernetes_mode import KubernetesSettings, node_name_from_env
 
     fields: dict[str, Any] = {"node_name": args.node or node_name_from_env()}
     if args.proc_root:
-        fields["proc_root"] = Path(args.proc_root)
-    if args.rescan_seconds:
-        seconds = float(args.rescan_seconds)
+        fields["proc_root"] = args.proc_root
+    if args.rescan_seconds is not None:
+        seconds = args.rescan_seconds
         if not 0.1 <= seconds <= 600:
             raise ValueError(f"rescan-seconds: {seconds} is outside [0.1, 600]")
         fields["rescan_seconds"] = seconds

@@ -9,7 +9,7 @@
 - `size`: an argparse type for byte sizes (`16GiB`, `512MiB`, `2G`, `1073741824`).
 - `boolean`: an argparse type for `1/true/yes/on` and `0/false/no/off`.
 - `env_flag(parser, flag, variable, help)`: a server command's flag whose default is an
-  environment variable (`rlslice scheduler`, `rlslice operator`).
+  environment variable (`rlslice scheduler`, `rlslice agent`, `rlslice operator`).
 """
 
 from __future__ import annotations
