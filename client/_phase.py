@@ -182,10 +182,10 @@ class AsyncPhase(_AsyncBlock[Grant]):
 class SyncPhase(_SyncBlock[Grant]):
     """`with client.phase("train") as grant:` or `@client.phase("train")` on a plain def."""
 
-    def __init__(self, client: Client, name: str, group: str) -> None:
-        super().__init__(client, AsyncPhase(client._async, name, group))
-        self.name = name
-        self.group = group
+    def __init__(self, client: Client, phase: AsyncPhase) -> None:
+        super().__init__(client, phase)
+        self.name = phase.name
+        self.group = phase.group
 
     def should_yield(self) -> bool:
         """Whether the scheduler asks the job to yield this phase's group now; see
@@ -227,8 +227,8 @@ class SyncGroupsPhase(_SyncBlock[dict[str, Grant]]):
     The `as` value is a `dict[str, Grant]` keyed by group, in the order entered (sorted).
     """
 
-    def __init__(self, client: Client, name: str, groups: tuple[str, ...]) -> None:
-        super().__init__(client, AsyncGroupsPhase(client._async, name, groups))
-        self.name = name
-        self.groups = groups
+    def __init__(self, client: Client, phase: AsyncGroupsPhase) -> None:
+        super().__init__(client, phase)
+        self.name = phase.name
+        self.groups = phase.groups
         """The groups, in the order they are entered (sorted); left in reverse."""

@@ -135,10 +135,12 @@ class Client:
         `groups=[...]` holds several groups, acquired in sorted order and yielded in
         reverse; the `as` value is a `dict[str, Grant]`. See `AsyncClient.phase`.
         """
-        validate_phase(name)
+        validate_phase(name)  # before the groups, as AsyncClient.phase does
         if groups is None:
-            return SyncPhase(self, name, self._async._group(group))
-        return SyncGroupsPhase(self, name, canonical_groups(groups, group))
+            return SyncPhase(self, self._async.phase(name, group))
+        return SyncGroupsPhase(
+            self, self._async.phase(name, groups=canonical_groups(groups, group))
+        )
 
     def close(self, *, bring_home: bool = False, timeout: float = 60.0) -> None:
         """Give up every lock, leave every queue, stop the keep-alives and the loop thread.
