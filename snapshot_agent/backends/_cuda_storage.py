@@ -16,12 +16,14 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from rlslice.snapshot_agent.backends import _ring
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from rlslice.snapshot_agent.backends import _options, _ring
 from rlslice.snapshot_agent.backends._checkpoint import StepError
 from rlslice.snapshot_agent.backends.base import BackendError
 from rlslice.units import parse_size
@@ -290,28 +292,38 @@ class CustomStorage:
         self.drop(pid)
 
 
-def size_option(options: dict[str, str], key: str, default: int) -> int:
-    """The size option `key` in bytes (`default` when unset); BackendError when invalid."""
-    raw = options.get(key)
-    if raw is None:
-        return default
-    try:
-        value = parse_size(raw)
-    except ValueError as error:
-        raise BackendError(f"cuda: option {key}: {error}") from error
-    if value < 0:
-        raise BackendError(f"cuda: option {key}: must be >= 0")
-    return value
+def _size(value: object) -> object:
+    return parse_size(value) if isinstance(value, str) else value
 
 
-def ring_config(options: dict[str, str], node: str) -> RingConfig:
+Size = Annotated[int, BeforeValidator(_size), Field(ge=0)]
+"""Bytes: `1073741824`, `1GiB`, `512MiB`, `2G`."""
+
+
+class CudaOptions(BaseModel):
+    """The `cuda` backend's agent-level options (see the `cuda` module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    copy_mode: Literal["auto", "driver", "custom"] = Field("auto", alias="copy")
+    """auto: custom storage where offered; driver; custom: refuse without it."""
+    chunk_bytes: Annotated[int, BeforeValidator(_size), Field(gt=0)] = _ring.DEFAULT_CHUNK_BYTES
+    ring_buffers: Annotated[int, Field(gt=0)] = _ring.DEFAULT_RING_BUFFERS
+    store_dir: str = ""
+    """Where parked copies are kept (empty: /dev/shm/rlslice-cuda/<node>)."""
+    pinned_pool_bytes: Size = _ring.DEFAULT_POOL_BYTES
+    """The node's pinned pool."""
+    host_reserve_bytes: Size = 1 << 30
+    """The agent's host reserve."""
+    threads: Annotated[int, Field(gt=0)] = 16
+
+
+def cuda_options(options: Mapping[str, str]) -> CudaOptions:
+    """The agent-level options; a malformed one is a BackendError naming it."""
+    return _options.parse(CudaOptions, options, error=BackendError, what="cuda: option ")
+
+
+def ring_config(options: CudaOptions, node: str) -> RingConfig:
     """The custom-storage path's options (see the module docstring)."""
-    mode = options.get("copy", "auto")
-    if mode not in COPY_MODES:
-        raise BackendError(f"cuda: option copy: {mode!r} is not one of {', '.join(COPY_MODES)}")
-    chunk = size_option(options, "chunk_bytes", _ring.DEFAULT_CHUNK_BYTES)
-    buffers = int(options.get("ring_buffers", str(_ring.DEFAULT_RING_BUFFERS)))
-    if chunk <= 0 or buffers <= 0:
-        raise BackendError("cuda: options chunk_bytes and ring_buffers must be positive")
-    store = Path(options.get("store_dir") or f"/dev/shm/rlslice-cuda/{node}")
-    return RingConfig(mode, chunk, buffers, store)
+    store = Path(options.store_dir or f"/dev/shm/rlslice-cuda/{node}")
+    return RingConfig(options.copy_mode, options.chunk_bytes, options.ring_buffers, store)

@@ -15,11 +15,16 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse(
-    model: type[M], options: Mapping[str, str], *, error: type[BackendError] = OptionsError
+    model: type[M],
+    options: Mapping[str, str],
+    *,
+    error: type[BackendError] = OptionsError,
+    what: str = "",
 ) -> M:
     """`options` as `model`: an empty value counts as unset, keys the model does not name
     are ignored (they are other backends' or the agent's). `error` (OptionsError unless
-    the backend says otherwise) names the first field that does not validate."""
+    the backend says otherwise) names the first field that does not validate, after
+    `what` ("cuda: option ", say)."""
     given = {key: value for key, value in options.items() if value != ""}
     try:
         return model.model_validate(given)
@@ -27,4 +32,4 @@ def parse(
         first = invalid.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or model.__name__
         got = given.get(field, first.get("input"))
-        raise error(f"{field}: {first['msg'].lower()}, got {got!r}") from None
+        raise error(f"{what}{field}: {first['msg'].lower()}, got {got!r}") from None

@@ -55,10 +55,11 @@ from rlslice.snapshot_agent.backends._cuda_driver import (
 from rlslice.snapshot_agent.backends._cuda_storage import (
     COPY_MODES,
     BindingsCopier,
+    CudaOptions,
     CustomStorage,
     RingConfig,
+    cuda_options,
     ring_config,
-    size_option,
 )
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable
 from rlslice.snapshot_agent.backends.base import (
@@ -79,10 +80,12 @@ __all__ = [
     "SYMBOLS",
     "BindingsCopier",
     "CudaBackend",
+    "CudaOptions",
     "CustomStorage",
     "Driver",
     "RingConfig",
     "copy_path",
+    "cuda_options",
     "load_driver",
     "ring_config",
 ]
@@ -108,16 +111,18 @@ class CudaBackend(MoverBackend):
     ) -> None:
         self._context = context
         self._options = dict(context.options)
+        self.options = cuda_options(self._options)
+        """The agent-level options, validated."""
         self._module = driver
         self._driver: Driver | None = None
         self._nvml = nvml if nvml is not None else Nvml()
         self._mover: CheckpointMover | None = None
         self._host_memory = host_memory or (lambda: int(psutil.virtual_memory().available))
-        self.ring = ring_config(self._options, context.node)
+        self.ring = ring_config(self.options, context.node)
         self.pool = _ring.PinnedPool(
-            limit=size_option(self._options, "pinned_pool_bytes", _ring.DEFAULT_POOL_BYTES),
+            limit=self.options.pinned_pool_bytes,
             chunk=self.ring.chunk,
-            reserve=size_option(self._options, "host_reserve_bytes", 1 << 30),
+            reserve=self.options.host_reserve_bytes,
             host_available=self._host_memory,
         )
 
@@ -153,9 +158,7 @@ class CudaBackend(MoverBackend):
     def _get_mover(self) -> CheckpointMover:
         if self._mover is None:
             module = self._module_or_load()
-            self._driver = Driver(
-                module, threads=int(self._options.get("threads", "16")), custom=self._custom
-            )
+            self._driver = Driver(module, threads=self.options.threads, custom=self._custom)
             self._mover = CheckpointMover(
                 self._driver,
                 self._nvml,

@@ -6,6 +6,8 @@ Case matrix:
 - sim, agent level: defaults when nothing is set, a set value read
 - cuda / cuda-checkpoint: a group's value wins over the agent's; "0" or "x" is a
   BackendError (the move fails, as before) naming the field
+- cuda, agent level: sizes in units ("512MiB"); a copy mode, size or count it does not
+  take is a BackendError "cuda: option <field>: ..."
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from rlslice.snapshot_agent.backends._checkpoint import CheckpointOptions, _move_options
+from rlslice.snapshot_agent.backends._cuda_storage import cuda_options
 from rlslice.snapshot_agent.backends._options import parse
 from rlslice.snapshot_agent.backends.base import BackendError, JobHandle, OptionsError
 from rlslice.snapshot_agent.backends.sim import SimJobOptions, SimOptions
@@ -51,3 +54,21 @@ def test_a_malformed_checkpoint_option_fails_the_move_naming_it(value: str) -> N
     with pytest.raises(BackendError, match=r"^rollback_seconds: ") as caught:
         parse(CheckpointOptions, {"rollback_seconds": value}, error=BackendError)
     assert not isinstance(caught.value, OptionsError)
+
+
+def test_the_cuda_options_take_sizes_in_units() -> None:
+    options = cuda_options({"pinned_pool_bytes": "512MiB", "copy": "driver", "threads": "2"})
+    assert (options.pinned_pool_bytes, options.copy_mode, options.threads) == (
+        512 << 20,
+        "driver",
+        2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("copy", "fast"), ("chunk_bytes", "0"), ("ring_buffers", "x"), ("host_reserve_bytes", "lots")],
+)
+def test_a_cuda_option_it_does_not_take_is_refused_naming_it(field: str, value: str) -> None:
+    with pytest.raises(BackendError, match=rf"^cuda: option {field}: "):
+        cuda_options({field: value})
