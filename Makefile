@@ -3,8 +3,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Never put the repository root on sys.path (it holds a folder named `operator`).
-export PYTHONSAFEPATH := 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: venv test lint typecheck pytest demo proto bench clean tools image release

@@ -1,5 +1,4 @@
-"""Shared fixtures. Tests run with PYTHONSAFEPATH so the repository root (which holds a
-folder named `operator`) never shadows the standard library."""
+"""Shared fixtures."""
 
 import os
 

@@ -40,7 +40,7 @@ GIB="${GIB:-20}"
 CUDA_GIB="${CUDA_GIB:-4}"
 DRY_RUN="${DRY_RUN:-0}"
 mkdir -p "$OUT"
-export PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.." || exit 2
 : > "$OUT/summary.txt"
 

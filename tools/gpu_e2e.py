@@ -1,7 +1,7 @@
 """End to end on a real GPU: two torch jobs time-sliced through `rlslice up` (`cuda` or `app`).
 
-    PYTHONSAFEPATH=1 python3 tools/gpu_e2e.py --gib 2 --steps 8 --out OUT.json
-    PYTHONSAFEPATH=1 python3 tools/gpu_e2e.py --backend app --gib 2 --steps 8 --out OUT.json
+    python3 tools/gpu_e2e.py --gib 2 --steps 8 --out OUT.json
+    python3 tools/gpu_e2e.py --backend app --gib 2 --steps 8 --out OUT.json
 
 Starts `rlslice up` (scheduler + agent, `cuda` backend) as a subprocess, puts a group whose
 headroom leaves room for one job only (so every switch really checkpoints a process through
@@ -294,7 +294,7 @@ def main() -> int:
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 
     work = Path(tempfile.mkdtemp(prefix="rlslice-gpu-e2e-"))
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    env = dict(os.environ)
     report: dict[str, Any] = {"gib": args.gib, "steps": args.steps}
     alone = _alone(args, work, env)
     port = _free_port()
