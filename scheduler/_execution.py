@@ -36,7 +36,7 @@ log = logging.getLogger("rlslice.scheduler.engine")
 
 
 class _Execution:
-    """Persisting and executing transitions, for `Engine` (which sets these attributes)."""
+    """Executing transitions' actions, for `Engine` (which sets these attributes)."""
 
     store: Store
     runner: SwitchRunner
