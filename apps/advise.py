@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlslice.apps.flags import size
+from rlslice.apps.shared.flags import size
 
 if TYPE_CHECKING:
     from rlslice.planner.advisor import Advice, GroupScore, Hardware
@@ -123,7 +123,7 @@ ADVISED_PHASE_KINDS = {"rollout": "rollout", "train": "train"}
 
 def advice_pickers() -> dict[str, Any]:
     """The scheduler's policies as the advisor's pickers, phase kinds declared."""
-    from rlslice.apps._sim_policies import phase_table, picker
+    from rlslice.apps.shared.sim_policies import phase_table, picker
 
     kinds = phase_table(ADVISED_PHASE_KINDS)
     return {name: picker(name, kinds) for name in ADVISED_POLICIES}

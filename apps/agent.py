@@ -4,7 +4,7 @@ Every flag can also come from the environment as `RLSLICE_AGENT_<FLAG>` (upper c
 as '_'), e.g. `RLSLICE_AGENT_SCHEDULER=10.0.0.5:7070`; a flag given wins. The Agent
 service's certificate flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`) read
 `RLSLICE_AGENT_SERVER_TLS_*`. As the scheduler's, the flags are typed (`_FLAGS`, through
-`rlslice.apps.flags.env_flag`): a size, a path or a number parses where it is read, and a
+`rlslice.apps.shared.flags.env_flag`): a size, a path or a number parses where it is read, and a
 variable that does not parse stops the command naming it.
 
 `--kubernetes` (the chart's DaemonSet): see `rlslice.snapshot_agent.kubernetes_mode`.
@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.flags import env_flag, size
+from rlslice.apps.shared.flags import env_flag, size
 from rlslice.env import DEFAULT_SIM_ROOT, read_token_file
 
 

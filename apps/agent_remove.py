@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rlslice.apps.flags import add_connection_flags, connection_from
+from rlslice.apps.shared.flags import add_connection_flags, connection_from
 
 
 def parser() -> argparse.ArgumentParser:

@@ -50,10 +50,10 @@ COMMANDS: dict[str, Command] = {
     "status": Command("rlslice.apps.status", "show groups: holder, queue, resident, parked, epoch"),
     "top": Command("rlslice.apps.top", "live view of every group", ("console",)),
     "timeline": Command(
-        "rlslice.apps.timeline", "export a group's timeline (Chrome trace JSON, PNG)"
+        "rlslice.apps.timeline.command", "export a group's timeline (Chrome trace JSON, PNG)"
     ),
     "demo": Command(
-        "rlslice.apps.demo",
+        "rlslice.apps.demo.command",
         "two RL-shaped jobs, dedicated vs time-sliced, on the sim backend",
         ("scheduler", "agent", "planner", "console"),
     ),

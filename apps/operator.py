@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.flags import env_flag
+from rlslice.apps.shared.flags import env_flag
 from rlslice.env import DEFAULT_SCHEDULER_PORT, read_token_file
 from rlslice.operator.mutation import SYSTEM_NAMESPACES
 

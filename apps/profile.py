@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO, cast
 
-from rlslice.apps.flags import add_connection_flags, connection_from, size
-from rlslice.apps.trace_export import Event, event_to_dict, events_from_json
+from rlslice.apps.shared.flags import add_connection_flags, connection_from, size
+from rlslice.apps.timeline.trace_export import Event, event_to_dict, events_from_json
 
 if TYPE_CHECKING:
     from rlslice.config import TLSConfig
@@ -176,7 +176,7 @@ async def watch_events(
 
     from rlslice.adapters.channel import open_channel
     from rlslice.adapters.grpc_errors import error_from_rpc
-    from rlslice.apps.timeline import event_from_proto
+    from rlslice.apps.timeline.command import event_from_proto
     from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
     events: list[Event] = []

@@ -14,7 +14,7 @@ when --scheduler is given. `--transparent` also preloads torch-memory-saver's ho
 allocates in its regions without `register` calls (docs/backends.md).
 
 Inside a Slurm allocation (`srun rlslice run -- python train.py`) the job and group default
-to the allocation's (`rlslice.apps._slurm`): job `slurm-<SLURM_JOB_ID>`, group named after
+to the allocation's (`rlslice.apps.shared.slurm`): job `slurm-<SLURM_JOB_ID>`, group named after
 the allocation's nodes; RLSLICE_NODE is this node's Slurm name as an agent id even with
 --no-register; CUDA_VISIBLE_DEVICES (Slurm's `--gres` binding) passes through, and the
 `sim` backend's devices follow it. `--print-group-config` prints the scheduler's
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rlslice._errors import InvalidArgumentError
     from rlslice._ids import validate_id
-    from rlslice.apps._slurm import allocation_from, group_config_yaml
+    from rlslice.apps.shared.slurm import allocation_from, group_config_yaml
     from rlslice.client._local import default_socket_path
 
     allocation = allocation_from(os.environ)

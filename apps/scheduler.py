@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlslice.apps.flags import env_flag
+from rlslice.apps.shared.flags import env_flag
 from rlslice.env import DEFAULT_SCHEDULER
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 `--policy fifo,lrs,stage` simulates the same jobs once per policy, side by side; each
 policy orders the simulated queue with the scheduler's own code
-(`rlslice.apps._sim_policies`).
+(`rlslice.apps.shared.sim_policies`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 def _policies(value: str | None) -> list[str | None]:
     """`--policy a,b`: the names, each a scheduler policy; None: the scenario's own."""
     from rlslice._errors import InvalidArgumentError
-    from rlslice.apps._sim_policies import POLICY_NAMES
+    from rlslice.apps.shared.sim_policies import POLICY_NAMES
 
     if value is None:
         return [None]
@@ -95,7 +95,7 @@ def _simulate(args: argparse.Namespace, policy: str | None) -> Any:
     `policy` (None: the scenario's) ordered by the scheduler's policy code."""
     import dataclasses
 
-    from rlslice.apps._sim_policies import phase_table, picker
+    from rlslice.apps.shared.sim_policies import phase_table, picker
     from rlslice.planner.memory import BYTES_PER_GIB
     from rlslice.planner.scenarios import SCENARIOS, scenario_from_mapping
 

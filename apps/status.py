@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rlslice.apps.flags import add_connection_flags, connection_from
+from rlslice.apps.shared.flags import add_connection_flags, connection_from
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
-from rlslice.apps.flags import Connection, add_connection_flags, connection_from
-from rlslice.apps.trace_export import Event
+from rlslice.apps.shared.flags import Connection, add_connection_flags, connection_from
+from rlslice.apps.timeline.trace_export import Event
 from rlslice.units import format_bytes
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ def group_view_from_proto(status: scheduler_pb2.GroupStatus) -> GroupView:
 
 def fold_message(state: TopState, message: scheduler_pb2.GroupEvent) -> TopState:
     """`fold` for a `GroupEvent` off the wire."""
-    from rlslice.apps.timeline import event_from_proto
+    from rlslice.apps.timeline.command import event_from_proto
 
     status = None
     if message.HasField("status"):

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.flags import size
+from rlslice.apps.shared.flags import size
 
 log = logging.getLogger("rlslice.up")
 

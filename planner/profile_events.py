@@ -24,7 +24,7 @@ from rlslice.planner.stats import percentile
 
 
 class EventLike(Protocol):
-    """The fields of a scheduler event the profiler reads (`rlslice.apps.trace_export.Event`)."""
+    """The fields of a scheduler event the profiler reads (`rlslice.apps.timeline.trace_export.Event`)."""
 
     @property
     def time(self) -> float: ...

@@ -3,7 +3,7 @@
 The planner sits below the scheduler (the import-linter `layers` contract), so it cannot
 call `rlslice.scheduler.core.policies` itself. `simulate_interleaving` takes instead a
 `Picker`: a function from the queued jobs and the time to the name of the job served
-next. The applications layer (`rlslice.apps._sim_policies`) builds one from the
+next. The applications layer (`rlslice.apps.shared.sim_policies`) builds one from the
 scheduler's own policy code, so the simulator orders waiters with the very functions the
 scheduler runs; without one the simulator serves in arrival order (`fifo_picker`).
 """

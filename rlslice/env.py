@@ -6,7 +6,7 @@ mutation, Slurm scripts, Ray's `runtime_env`). Each is defined here and nowhere 
 tests/kernel/test_env_vocabulary.py fails when a module spells one as a literal instead.
 
 Server commands keep their own prefixed names beside their flags (`RLSLICE_SCHEDULER_*`,
-`RLSLICE_AGENT_*`, `RLSLICE_OPERATOR_*`, see `rlslice.apps.flags`), so a variable never
+`RLSLICE_AGENT_*`, `RLSLICE_OPERATOR_*`, see `rlslice.apps.shared.flags`), so a variable never
 means one thing to a job and another to a server on the same host.
 
 `token_from(env)` and `tls_from(env)` resolve the two settings that take more than one

@@ -29,7 +29,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "rlslice.apps.bench.spill",
         "disk tier: agent spill/fill GB/s vs a plain copy; --oversubscribe 4 jobs over 3x budget",
     ),
-    "soak": ("rlslice.apps.bench.soak", "random phases, kills and restarts; checks the invariants"),
+    "soak": (
+        "rlslice.apps.bench.soak.command",
+        "random phases, kills and restarts; checks the invariants",
+    ),
     "advise": (
         "rlslice.apps.bench.advise",
         "placement advisor: search time for 32 jobs, heuristic gap to exhaustive",

@@ -24,8 +24,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.harness import child_env, rlslice_argv
 from rlslice.planner.stats import percentile
+from rlslice.testing._processes import child_env, rlslice_argv
 
 ACQUIRE_TARGET = 2.0
 HANDOFF_TARGET = 5.0

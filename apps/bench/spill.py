@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.flags import size as parse_size
+from rlslice.apps.shared.flags import size as parse_size
 
 RATIO_TARGET = 0.8
 _PLAIN_CHUNK = 8 << 20

@@ -80,7 +80,7 @@ class Ranks:
         if self.world > 1:
             import torch.distributed as dist
 
-            from rlslice.apps._slurm import expand_hostlist
+            from rlslice.apps.shared.slurm import expand_hostlist
 
             head = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])[0]
             job, step = int(os.environ["SLURM_JOB_ID"]), int(os.environ.get("SLURM_STEP_ID", 0))

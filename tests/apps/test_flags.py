@@ -20,7 +20,7 @@ import pytest
 
 from rlslice import InvalidArgumentError
 from rlslice.apps.cli import build_parser
-from rlslice.apps.flags import add_connection_flags, boolean, connection_from, env_flag, size
+from rlslice.apps.shared.flags import add_connection_flags, boolean, connection_from, env_flag, size
 from rlslice.env import DEFAULT_SCHEDULER, DEFAULT_SCHEDULER_PORT
 
 

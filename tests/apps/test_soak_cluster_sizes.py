@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rlslice.apps.bench import _soak_cluster
+from rlslice.testing import _cluster as _soak_cluster
 
 
 def test_the_tree_count_sums_every_file_below_the_folder(tmp_path: Path) -> None:

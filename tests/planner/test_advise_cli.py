@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from rlslice.apps.cli import main
-from rlslice.apps.trace_export import Event, event_to_dict
+from rlslice.apps.timeline.trace_export import Event, event_to_dict
 from rlslice.config import load_group_config
 from rlslice.operator.spec import group_spec
 

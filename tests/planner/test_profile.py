@@ -39,7 +39,7 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Ev:
-    """A scheduler event as `rlslice.apps.trace_export.Event` carries it."""
+    """A scheduler event as `rlslice.apps.timeline.trace_export.Event` carries it."""
 
     time: float
     kind: str

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from rlslice._errors import InvalidArgumentError
-from rlslice.apps._sim_policies import phase_table, picker
 from rlslice.apps.cli import main
+from rlslice.apps.shared.sim_policies import phase_table, picker
 from rlslice.planner.interleave import InterleaveResult
 from rlslice.planner.scenarios import scenario_from_mapping, three_jobs_scenario
 from rlslice.planner.waiters import QueuedJob

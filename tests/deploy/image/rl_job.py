@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.worker_pipe import WorkerPipe
+from rlslice.apps.shared.worker_pipe import WorkerPipe
 
 STRIDE = 4096  # bytes between the values a rollout samples: every page is read
 SCORING_SECONDS = 0.05
@@ -48,7 +48,7 @@ def barrier(folder: Path, parties: int, timeout: float = 60) -> None:
 
 def worker(size: int) -> int:
     """The GPU worker: JSON commands on stdin, one JSON answer per line on stdout
-    (`rlslice.apps.worker_pipe`'s protocol: every answer says `ok`)."""
+    (`rlslice.apps.shared.worker_pipe`'s protocol: every answer says `ok`)."""
     from rlslice.client import sim
 
     weights = sim.attach().alloc(size, tag="weights")

@@ -54,11 +54,7 @@ OWNERS: dict[str, Alternatives] = {
     "rlslice.operator": (("operator",),),
     "rlslice.planner": (("planner",),),
     "rlslice.testing": (("scheduler", "agent"),),
-    "rlslice.apps.demo_worker": (COMMANDS["demo"].extras,),
-    "rlslice.apps.demo_runs": (COMMANDS["demo"].extras,),
-    "rlslice.apps.demo_report": (COMMANDS["demo"].extras,),
-    "rlslice.apps.demo_policies": (COMMANDS["demo"].extras,),  # `demo --jobs 3 --policy`
-    "rlslice.apps.harness": (("scheduler", "agent"),),  # the demo's and benches' processes
+    "rlslice.apps.demo": (COMMANDS["demo"].extras,),  # its worker, runs, report, policies
     "rlslice.apps.bench": (COMMANDS["bench"].extras,),
     **{cmd.module: (cmd.extras,) for cmd in COMMANDS.values()},
 }
@@ -72,7 +68,7 @@ FEATURES: dict[tuple[str, str], str] = {
     ("rlslice.apps.simulate", "yaml"): "planner",
     ("rlslice.apps.simulate", "matplotlib"): "planner",
     # `--out FILE.png`
-    ("rlslice.apps.timeline", "matplotlib"): "planner",
+    ("rlslice.apps.timeline.command", "matplotlib"): "planner",
     # rich tables where the console extra is installed, plain text otherwise
     ("rlslice.apps.status", "rich"): "console",
 }

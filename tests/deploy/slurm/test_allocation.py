@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from rlslice._ids import is_valid_id
-from rlslice.apps._slurm import allocation_from, expand_hostlist, group_for_nodes
+from rlslice.apps.shared.slurm import allocation_from, expand_hostlist, group_for_nodes
 from rlslice.client import sim
 from rlslice.config import load_group_config
 from rlslice.snapshot_agent.backends import _simfs

@@ -2,7 +2,7 @@
 
 One `rlslice up` (sim backend, one emulated device per group, each holding one job's
 state and a half: paired jobs cannot co-reside, so every switch freezes a worker and
-copies its bytes). The demo's driver and GPU worker (`rlslice.apps.demo`) run every job;
+copies its bytes). The demo's driver and GPU worker (`rlslice.apps.demo.command`) run every job;
 all groups run at once, in one window:
 
 | group | jobs | what it is |
@@ -41,10 +41,10 @@ from statistics import median
 import pytest
 import yaml
 
-from rlslice.apps.demo import _run_job, _start_cluster, _Window
-from rlslice.apps.demo_runs import JobRun, Profile
+from rlslice.apps.demo.command import _run_job, _start_cluster, _Window
+from rlslice.apps.demo.runs import JobRun, Profile
 from rlslice.apps.profile import watch_events
-from rlslice.apps.trace_export import Event, event_to_dict
+from rlslice.apps.timeline.trace_export import Event, event_to_dict
 from rlslice.planner.advisor import Hardware, predict_group
 from rlslice.planner.profile import WorkloadProfile
 from rlslice.planner.profile_events import profiles_from_events

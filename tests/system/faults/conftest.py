@@ -1,5 +1,5 @@
 """Fixtures for the fault-injection tests: real scheduler and agent processes on loopback
-(`rlslice.apps.bench._soak_cluster`), real job processes (`worker.py`), and the DESIGN.md
+(`rlslice.testing._cluster`), real job processes (`worker.py`), and the DESIGN.md
 invariants checked against what the scheduler, the agents and /proc say.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from rlslice.adapters.auth import local_agent_token
 from rlslice.adapters.channel import open_channel
-from rlslice.apps.bench._soak_cluster import Cluster, child_env
+from rlslice.testing._cluster import Cluster, child_env
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2_grpc
 from rlslice.v1alpha1 import scheduler_pb2 as pb

@@ -1,5 +1,5 @@
 """Real network faults on loopback for the fault tests: the soak's nftables helper
-(`rlslice.apps.bench._soak_net`: one table per test, deleted pass or fail; a party cut off
+(`rlslice.apps.bench.soak.net`: one table per test, deleted pass or fail; a party cut off
 by the group id of its sockets), plus random loss on one address. Every address stays in
 127.0.0.0/8."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from rlslice.apps.bench._soak_net import Nft as _SoakNft
-from rlslice.apps.bench._soak_net import _nft, fresh_gid, missing
+from rlslice.apps.bench.soak.net import Nft as _SoakNft
+from rlslice.apps.bench.soak.net import _nft, fresh_gid, missing
 
 __all__ = ["Nft", "fresh_gid", "missing", "private_host"]
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import pytest
 
 from rlslice import RlsliceError
-from rlslice.apps.bench._soak_cluster import Cluster
 from rlslice.client import AsyncClient
+from rlslice.testing._cluster import Cluster
 
 from .conftest import Faults, Proc
 from .delayproxy import DelayProxy

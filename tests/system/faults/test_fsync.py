@@ -36,9 +36,9 @@ import grpc
 import pytest
 
 from rlslice.adapters.channel import open_channel
-from rlslice.apps.bench._soak_cluster import Cluster, child_env, free_port
 from rlslice.client import AsyncClient
 from rlslice.scheduler.store import SQLiteStore
+from rlslice.testing._cluster import Cluster, child_env, free_port
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -37,9 +37,9 @@ from typing import Any
 import pytest
 
 from rlslice import AbortedError
-from rlslice.apps.bench._soak_cluster import child_env
 from rlslice.client import AsyncClient
 from rlslice.testing import scheduler_for_tests
+from rlslice.testing._cluster import child_env
 
 from .conftest import eventually, proc_state
 from .test_workload_stream_cut import APPJOB, AppJob

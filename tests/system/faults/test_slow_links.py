@@ -3,7 +3,7 @@
 Faults on the whole machine's `lo` would hit every other test running beside this one,
 so the run gets a network namespace of its own (`ip netns add`): a short soak (one group
 of three jobs (two fit on the device), the scheduler, an agent, the drivers and their workers,
-`rlslice.apps.bench.soak`) runs inside it with `ip netns exec`. In there an nftables rule
+`rlslice.apps.bench.soak.command`) runs inside it with `ip netns exec`. In there an nftables rule
 drops one packet in twenty on `lo` (`numgen random mod 100 < 5`), and a `tc netem`
 qdisc delays every packet 200 ms when the kernel has `sch_netem` (the development VM's
 kernel does not: "Specified qdisc kind is unknown"; there the run is loss only, and
@@ -26,11 +26,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlslice.apps.bench._soak_cluster import child_env
+from rlslice.testing._cluster import child_env
 
 SOAK = """
 import asyncio, json, sys
-from rlslice.apps.bench.soak import SoakConfig, soak
+from rlslice.apps.bench.soak.command import SoakConfig, soak
 config = SoakConfig(seconds=15, groups=1, jobs=3, seed=3, fault_interval=1e9, lease_seconds=6.0)
 report = asyncio.run(soak(config))
 print(json.dumps(report))

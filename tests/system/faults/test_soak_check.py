@@ -1,4 +1,4 @@
-"""The soak's history checker (`rlslice.apps.bench._soak_check`) on hand-made histories:
+"""The soak's history checker (`rlslice.apps.bench.soak.check`) on hand-made histories:
 each rule it checks is broken once, and a clean history passes.
 
 | history | verdict |
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlslice.apps.bench._soak_check import check
+from rlslice.apps.bench.soak.check import check
 
 
 def _job(job: str, *events: tuple[float, str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from rlslice.apps.bench.soak import SoakConfig, soak
+from rlslice.apps.bench.soak.command import SoakConfig, soak
 
 from . import netfault
 

@@ -35,10 +35,10 @@ import grpc
 import pytest
 
 from rlslice.adapters.channel import open_channel
-from rlslice.apps.bench._soak_cluster import child_env
 from rlslice.client import AsyncClient
 from rlslice.scheduler.store import SQLiteStore
 from rlslice.testing import TestScheduler, scheduler_for_tests
+from rlslice.testing._cluster import child_env
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from rlslice import AbortedError, FailedPreconditionError
-from rlslice.apps.bench._soak_cluster import child_env
 from rlslice.client import AsyncClient
+from rlslice.testing._cluster import child_env
 
 from .conftest import eventually, proc_state
 

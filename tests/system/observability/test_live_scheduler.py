@@ -34,9 +34,9 @@ from rich.console import Console
 
 from rlslice.adapters.channel import open_channel
 from rlslice.apps.cli import main
-from rlslice.apps.timeline import fetch_events
+from rlslice.apps.timeline.command import fetch_events
+from rlslice.apps.timeline.trace_export import build_timeline, chrome_trace, events_from_json
 from rlslice.apps.top import TopState, follow, render
-from rlslice.apps.trace_export import build_timeline, chrome_trace, events_from_json
 from rlslice.scheduler import RunningScheduler, SchedulerSettings, start_scheduler
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from rlslice.apps.timeline import fetch_events
-from rlslice.apps.trace_export import MOVES_LANE, build_timeline
+from rlslice.apps.timeline.command import fetch_events
+from rlslice.apps.timeline.trace_export import MOVES_LANE, build_timeline
 from rlslice.client import AsyncClient
 from rlslice.config import GroupSpec
 from rlslice.scheduler import SchedulerSettings, start_scheduler

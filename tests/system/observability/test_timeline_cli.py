@@ -20,8 +20,8 @@ import pytest
 from google.protobuf import json_format
 
 from rlslice.apps.cli import main
-from rlslice.apps.timeline import event_from_proto
-from rlslice.apps.trace_export import build_timeline, chrome_trace, events_from_json
+from rlslice.apps.timeline.command import event_from_proto
+from rlslice.apps.timeline.trace_export import build_timeline, chrome_trace, events_from_json
 from rlslice.v1alpha1 import scheduler_pb2
 
 FIXTURE = Path(__file__).parent / "fixtures" / "events.json"

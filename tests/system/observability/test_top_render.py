@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
+from rlslice.apps.timeline.trace_export import Event
 from rlslice.apps.top import (
     RECENT_SWITCHES,
     GroupView,
@@ -33,7 +34,6 @@ from rlslice.apps.top import (
     human_bytes,
     render,
 )
-from rlslice.apps.trace_export import Event
 from rlslice.v1alpha1 import scheduler_pb2
 
 GiB = 1024**3

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlslice.apps.trace_export import (
+from rlslice.apps.timeline.trace_export import (
     MOVES_LANE,
     SWITCH_LANE,
     Event,

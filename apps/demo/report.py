@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.demo_runs import MiB, ModeRun, Profile
+from rlslice.apps.demo.runs import MiB, ModeRun, Profile
 
 
 def _write_timeline(sliced: ModeRun, path: Path, origin: float) -> str:

@@ -103,8 +103,8 @@ def _group_layout(config: SoakConfig) -> tuple[list[str], dict[str, tuple[str, i
 
 async def soak(config: SoakConfig) -> dict[str, Any]:
     """Run a soak; the report (figures and violations) as a dict."""
-    from rlslice.apps.bench._soak_cluster import Cluster
-    from rlslice.apps.bench._soak_job import EventLog
+    from rlslice.apps.bench.soak.job import EventLog
+    from rlslice.testing._cluster import Cluster
 
     temporary, work = _workdir(config)
     nodes, layout = _group_layout(config)
@@ -150,7 +150,7 @@ def _workdir(config: SoakConfig) -> tuple[tempfile.TemporaryDirectory[str] | Non
 
 def _open_partitions() -> Any:
     """The run's nftables table; the command stops, saying why, where it cannot have one."""
-    from rlslice.apps.bench._soak_net import Nft, missing
+    from rlslice.apps.bench.soak.net import Nft, missing
 
     why = missing()
     if why is not None:
@@ -170,7 +170,7 @@ def _tear_down(run: _Run) -> None:
 
 def _report(run: _Run, started: float, nodes: int, *, keep_log: bool) -> dict[str, Any]:
     """The checked event log's figures and violations, the run's own problems among them."""
-    from rlslice.apps.bench._soak_check import check
+    from rlslice.apps.bench.soak.check import check
 
     lines = run.log_path.read_text().splitlines()
     events = [json.loads(line) for line in lines if line.strip()]
@@ -207,8 +207,8 @@ async def _configure_groups(run: _Run, layout: dict[str, tuple[str, int]]) -> No
 
 
 def _start_job(run: _Run, name: str, group: str, node: str, device: int) -> None:
-    from rlslice.apps.bench._soak_cluster import child_env
-    from rlslice.apps.bench._soak_job import driver_argv
+    from rlslice.apps.bench.soak.job import driver_argv
+    from rlslice.testing._cluster import child_env
 
     agent = run.cluster.agents[node]
     run.generation += 1
@@ -230,7 +230,7 @@ def _start_job(run: _Run, name: str, group: str, node: str, device: int) -> None
     )
     extra: dict[str, Any] = {}
     if run.nft is not None:
-        from rlslice.apps.bench._soak_net import fresh_gid
+        from rlslice.apps.bench.soak.net import fresh_gid
 
         run.gids[name] = fresh_gid()  # its sockets carry it: a rule can cut it off alone
         extra = {"group": run.gids[name], "extra_groups": []}

@@ -139,7 +139,7 @@ def _scheduler_service(
         command = [
             sys.executable,
             "-m",
-            "rlslice.apps.bench._soak_scheduler",
+            "rlslice.apps.bench.soak.scheduler",
             "--agent-rpc-timeout",
             repr(agent_rpc_timeout),
             "--agent-status-timeout",

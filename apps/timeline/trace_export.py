@@ -7,7 +7,7 @@ same `Timeline` as a PNG and writes it as a Chrome trace (opens in Perfetto and
 chrome://tracing).
 
 Input is plain data: `Event` values, built from the proto JSON form of `GetEventsResponse`
-(`events_from_json`, what `rlslice timeline --save-log` writes) or, in `rlslice.apps.timeline`,
+(`events_from_json`, what `rlslice timeline --save-log` writes) or, in `rlslice.apps.timeline.command`,
 from the protobuf messages.
 
 How events become intervals (times are Unix seconds):

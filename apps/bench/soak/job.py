@@ -1,7 +1,7 @@
 """One job of `rlslice bench soak`: a driver process and its GPU worker process.
 
-    python -m rlslice.apps.bench._soak_job driver --job J --group G ... --log FILE
-    python -m rlslice.apps.bench._soak_job worker JOB GROUP NODE_DIR DEVICE
+    python -m rlslice.apps.bench.soak.job driver --job J --group G ... --log FILE
+    python -m rlslice.apps.bench.soak.job worker JOB GROUP NODE_DIR DEVICE
 
 The driver holds an `AsyncClient` and runs cycles of random length: acquire, check that the
 worker's device bytes are what they were when the job last let go (sha256), change them
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from rlslice import env as env_names
-from rlslice.apps.worker_pipe import WorkerPipe
+from rlslice.apps.shared.worker_pipe import WorkerPipe
 
 PAGE = 4096
 
@@ -100,7 +100,7 @@ class _Worker(WorkerPipe):
         argv = [
             sys.executable,
             "-m",
-            "rlslice.apps.bench._soak_job",
+            "rlslice.apps.bench.soak.job",
             "worker",
             args.job,
             args.group,
@@ -274,7 +274,7 @@ def driver_argv(
 ) -> list[str]:
     """argv that starts one driver (and through it, its worker)."""
     return [
-        sys.executable, "-m", "rlslice.apps.bench._soak_job", "driver",
+        sys.executable, "-m", "rlslice.apps.bench.soak.job", "driver",
         "--scheduler", scheduler, "--job", job, "--group", group, "--socket", socket,
         "--node-dir", node_dir, "--device", str(device), "--state-bytes", str(state_bytes),
         "--seed", str(seed), "--log", log, "--lease", repr(lease),

@@ -1,7 +1,7 @@
 """`rlslice demo`: two RL-shaped jobs, first on dedicated emulated GPUs, then time-sliced on one.
 
 Each job is a driver (this process, one thread per job, using `rlslice.Client`) and a GPU
-worker process (`rlslice.apps.demo_worker`) holding a few hundred MiB of emulated device state.
+worker process (`rlslice.apps.demo.worker`) holding a few hundred MiB of emulated device state.
 A cycle is rollout on the GPU, reward scoring on the CPU, training on the GPU. The demo
 starts `rlslice up` (scheduler + agent, `sim` backend) as a real subprocess; dedicated, each
 job has its own group and device, time-sliced both share group `shared` on device 0, whose
@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.demo_report import _print_table, _summary, _write_timeline
-from rlslice.apps.demo_runs import JobRun, MiB, ModeRun, Profile
-from rlslice.apps.harness import (
+from rlslice.apps.demo.report import _print_table, _summary, _write_timeline
+from rlslice.apps.demo.runs import JobRun, MiB, ModeRun, Profile
+from rlslice.apps.shared.worker_pipe import WorkerPipe
+from rlslice.testing._processes import (
     Service,
     child_env,
     free_port,
@@ -35,7 +36,6 @@ from rlslice.apps.harness import (
     start_service,
     wait_serving,
 )
-from rlslice.apps.worker_pipe import WorkerPipe
 
 
 @dataclass
@@ -195,7 +195,7 @@ def _worker(run: JobRun, cluster: _Cluster, profile: Profile, seed: int, device:
             names.JOB: run.job,
         }
     )
-    argv = [sys.executable, "-m", "rlslice.apps.demo_worker", run.job, run.group]
+    argv = [sys.executable, "-m", "rlslice.apps.demo.worker", run.job, run.group]
     argv += [str(profile.state_mib * MiB), str(seed), str(device)]
     return WorkerPipe(argv, env)
 
@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
         print("rlslice demo: --seconds must be at least 5", file=sys.stderr)
         return 2
     if args.policy is not None:
-        from rlslice.apps.demo_policies import run_policies
+        from rlslice.apps.demo.policies import run_policies
 
         return run_policies(args)
     profile = Profile(state_mib=256 if args.state_mib is None else args.state_mib)

@@ -1,4 +1,4 @@
-"""`python -m rlslice.apps.bench._soak_scheduler [--agent-rpc-timeout S] [--agent-status-timeout S] FLAGS`
+"""`python -m rlslice.apps.bench.soak.scheduler [--agent-rpc-timeout S] [--agent-status-timeout S] FLAGS`
 
 The real `rlslice scheduler` command (the same flags, settings and server), with the
 coordinator's agent call deadlines settable: the fault tests cut a scheduler off from an

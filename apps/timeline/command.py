@@ -2,7 +2,7 @@
 
 Reads the group's bounded event ring from the scheduler (`GetEvents`) or from a saved log
 (`--from-log`, the JSON form of a `GetEventsResponse`, as `--save-log` writes it), folds it
-into lanes (`rlslice.apps.trace_export.build_timeline`) and writes, by the suffix of each
+into lanes (`rlslice.apps.timeline.trace_export.build_timeline`) and writes, by the suffix of each
 `--out`:
 
 - `.json`: a Chrome trace (open it in Perfetto, ui.perfetto.dev, or chrome://tracing);
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from rlslice.apps.flags import add_connection_flags, connection_from
-from rlslice.apps.trace_export import (
+from rlslice.apps.shared.flags import add_connection_flags, connection_from
+from rlslice.apps.timeline.trace_export import (
     Event,
     Timeline,
     build_timeline,

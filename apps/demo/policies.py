@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlslice.apps.demo import _Progress, _run_mode, _start_cluster
-from rlslice.apps.demo_report import _write_timeline
-from rlslice.apps.demo_runs import MiB, ModeRun, Profile
+from rlslice.apps.demo.command import _Progress, _run_mode, _start_cluster
+from rlslice.apps.demo.report import _write_timeline
+from rlslice.apps.demo.runs import MiB, ModeRun, Profile
 
 #: Real seconds between the jobs' first cycles (the simulator offsets them alike).
 OFFSET_STEP_S = 0.15
@@ -66,7 +66,7 @@ def _group_config(path: Path, policy: str) -> Path:
 
 def run_policies(args: argparse.Namespace) -> int:
     """Run the jobs once per policy in `args.policy`; print the table and one JSON line."""
-    from rlslice.apps._sim_policies import POLICY_NAMES
+    from rlslice.apps.shared.sim_policies import POLICY_NAMES
 
     policies = [name.strip() for name in args.policy.split(",")]
     bad = [name for name in policies if name not in POLICY_NAMES]
@@ -173,7 +173,7 @@ def predict(
 ) -> Any:
     """The simulator's figures for the run: its jobs (no jitter, the same start offsets),
     the emulated GPU, the measured switch cost, the run's window as the horizon."""
-    from rlslice.apps._sim_policies import phase_table, picker
+    from rlslice.apps.shared.sim_policies import phase_table, picker
     from rlslice.planner.interleave import JobProfile, Phase, simulate_interleaving
 
     jobs = []
