@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from rlslice._errors import NotFoundError
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
@@ -351,7 +352,7 @@ class Coordinator(_Moving):
             except AgentCallError as error:
                 # NOT_FOUND: that node never knew the job (a lock-only job, or one whose
                 # processes run elsewhere): nothing was there to release.
-                quiet = error.code == grpc.StatusCode.NOT_FOUND
+                quiet = issubclass(error.error, NotFoundError)
                 log.log(logging.DEBUG if quiet else logging.WARNING, "%s", error)
 
         nodes = self.nodes_for(spec)
