@@ -21,7 +21,8 @@ it: its state is gone with it, the job's other ranks learn it at their next coll
 and the group goes on. Only the job named is ever commanded.
 
 No privileges, no driver API: torch tensors move to pinned host buffers, vLLM sleeps,
-SGLang releases memory. Options: `discard_tags` (per snapshot), `rollback_seconds` (60).
+SGLang releases memory. Options (validated models): per move `AppJobOptions`
+(`discard_tags`, `fence`, `epoch`), agent level `AppOptions` (`rollback_seconds`, 60).
 
 A fencing snapshot (option `fence=1`: the scheduler fences a holder whose lease lapsed,
 which may be mid-step) never offloads: an offload under a running step would move tensors
@@ -35,9 +36,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from rlslice.snapshot_agent.backends import _freeze
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlslice.snapshot_agent.backends import _freeze, _options
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
 from rlslice.snapshot_agent.backends.base import (
     BackendBase,
@@ -58,10 +61,33 @@ log = logging.getLogger(__name__)
 DEFAULT_ROLLBACK_SECONDS = 60.0
 
 
+class AppJobOptions(BaseModel):
+    """What a group (or the scheduler) sets for an `app` job's moves."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    discard_tags: str = ""
+    """Tags dropped instead of offloaded at every snapshot, comma-separated (a group can
+    drop, say, its KV cache)."""
+    fence: bool = False
+    """A fencing snapshot ("1", set by the scheduler): stop the processes, move nothing."""
+    epoch: Annotated[int, Field(ge=0)] = 0
+    """The epoch the workloads are told."""
+
+
+class AppOptions(BaseModel):
+    """The `app` backend's agent-level options."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    rollback_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = DEFAULT_ROLLBACK_SECONDS
+    """How long the restore of the workloads that offloaded may take after a failure."""
+
+
 def discard_tags(job: JobHandle) -> tuple[str, ...]:
     """The snapshot's discard tags, plus the `discard_tags` option (comma-separated: a group
     can drop, say, its KV cache at every snapshot)."""
-    raw = job.options.get("discard_tags", "")
+    raw = _options.parse(AppJobOptions, job.options).discard_tags
     configured = (tag.strip() for tag in raw.split(","))
     return tuple(dict.fromkeys([*job.discard_tags, *(tag for tag in configured if tag)]))
 
@@ -82,7 +108,7 @@ class AppBackend(BackendBase):
 
     def __init__(self, context: BackendContext, *, nvml: Nvml | None = None) -> None:
         self._context = context
-        self._options = dict(context.options)
+        self._options = _options.parse(AppOptions, context.options, error=BackendError)
         self._pinned: dict[str, int] = {}
         """Job -> host buffer bytes its workloads said they hold after their last command."""
         self._ranks: dict[str, dict[int, int | None]] = {}
@@ -121,10 +147,7 @@ class AppBackend(BackendBase):
 
     @staticmethod
     def _epoch(job: JobHandle) -> int:
-        try:
-            return int(job.options.get("epoch", "0"))
-        except ValueError:
-            return 0
+        return _options.parse(AppJobOptions, job.options).epoch
 
     def _links(self, job: JobHandle) -> tuple[WorkloadLink, ...]:
         if not job.workloads:
@@ -156,7 +179,7 @@ class AppBackend(BackendBase):
 
     async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
         start = time.monotonic()
-        if job.options.get("fence") == "1":
+        if _options.parse(AppJobOptions, job.options).fence:  # refused before anything moves
             try:
                 await _freeze.stop(job.pids, deadline=deadline)
             except TimeoutError as error:
@@ -200,7 +223,7 @@ class AppBackend(BackendBase):
     async def _roll_back(self, job: JobHandle, links: Sequence[WorkloadLink]) -> None:
         if not links:
             return
-        seconds = float(self._options.get("rollback_seconds", DEFAULT_ROLLBACK_SECONDS))
+        seconds = self._options.rollback_seconds
         answers = await self._send(
             links,
             OffloadAction.RESTORE,
@@ -213,6 +236,7 @@ class AppBackend(BackendBase):
                 log.error("app: rollback restore of job %s: %s", job.job, _why(answer))
 
     async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        epoch = self._epoch(job)  # a malformed option is refused before anything moves
         # A fenced job was stopped, not offloaded: it runs on first.
         _freeze.resume(pid for pid in job.pids if _freeze.stopped(pid))
         links = self._links(job)
@@ -220,7 +244,7 @@ class AppBackend(BackendBase):
         answers = await self._send(
             links,
             OffloadAction.RESTORE,
-            epoch=self._epoch(job),
+            epoch=epoch,
             tags=[[] for _ in links],
             deadline=deadline,
         )

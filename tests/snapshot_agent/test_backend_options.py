@@ -8,6 +8,8 @@ Case matrix:
   BackendError (the move fails, as before) naming the field
 - cuda, agent level: sizes in units ("512MiB"); a copy mode, size or count it does not
   take is a BackendError "cuda: option <field>: ..."
+- app, per move: "1" fences; the discard_tags option adds to the snapshot's own tags; an
+  epoch that is not a count is refused (OptionsError) naming it
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from rlslice.snapshot_agent.backends._checkpoint import CheckpointOptions, _move_options
 from rlslice.snapshot_agent.backends._cuda_storage import cuda_options
 from rlslice.snapshot_agent.backends._options import parse
+from rlslice.snapshot_agent.backends.app import AppJobOptions, discard_tags
 from rlslice.snapshot_agent.backends.base import BackendError, JobHandle, OptionsError
 from rlslice.snapshot_agent.backends.sim import SimJobOptions, SimOptions
 
@@ -72,3 +75,17 @@ def test_the_cuda_options_take_sizes_in_units() -> None:
 def test_a_cuda_option_it_does_not_take_is_refused_naming_it(field: str, value: str) -> None:
     with pytest.raises(BackendError, match=rf"^cuda: option {field}: "):
         cuda_options({field: value})
+
+
+def test_an_app_move_reads_its_fence_and_discard_tags() -> None:
+    assert parse(AppJobOptions, {"fence": "1"}).fence
+    assert not parse(AppJobOptions, {}).fence
+    job = JobHandle(
+        "a", "g", (1,), discard_tags=("kv_cache",), options={"discard_tags": " draft, kv_cache"}
+    )
+    assert discard_tags(job) == ("kv_cache", "draft")
+
+
+def test_an_app_epoch_that_is_not_a_count_is_refused_naming_it() -> None:
+    with pytest.raises(OptionsError, match=r"^epoch: "):
+        parse(AppJobOptions, {"epoch": "soon"})
