@@ -21,6 +21,9 @@ import time
 from collections.abc import Sequence
 from typing import ClassVar
 
+from pydantic import BaseModel, ConfigDict
+
+from rlslice.snapshot_agent.backends import _options
 from rlslice.snapshot_agent.backends._checkpoint import (
     CheckpointMover,
     MoverBackend,
@@ -105,6 +108,15 @@ class Cli:
         await self.run("unlock", pid, ["--action", "unlock", "--pid", str(pid)], deadline)
 
 
+class CudaCheckpointOptions(BaseModel):
+    """The agent-level option only this backend reads (the moves' are `CheckpointOptions`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    binary: str = ""
+    """The `cuda-checkpoint` executable (empty: found on PATH); never from a group spec."""
+
+
 class CudaCheckpointBackend(MoverBackend):
     """Moves jobs by exec'ing NVIDIA's `cuda-checkpoint` (see the module docstring)."""
 
@@ -113,11 +125,12 @@ class CudaCheckpointBackend(MoverBackend):
     def __init__(self, context: BackendContext, *, nvml: Nvml | None = None) -> None:
         self._context = context
         self._options = dict(context.options)
+        self.options = _options.parse(CudaCheckpointOptions, self._options, error=BackendError)
         self._nvml = nvml if nvml is not None else Nvml()
         self._mover: CheckpointMover | None = None
 
     def _binary(self) -> str | None:
-        configured = self._options.get("binary")
+        configured = self.options.binary
         if configured:
             return configured if os.access(configured, os.X_OK) else None
         return shutil.which(BINARY)
@@ -139,7 +152,7 @@ class CudaCheckpointBackend(MoverBackend):
     async def probe(self) -> ProbeResult:
         binary = self._binary()
         if binary is None:
-            where = self._options.get("binary") or f"{BINARY} on PATH"
+            where = self.options.binary or f"{BINARY} on PATH"
             return ProbeResult(False, f"no executable {where}")
         try:
             help_text = await Cli(binary).run("help", 0, ["--help"], time.time() + 10.0)
