@@ -4,8 +4,8 @@ Every flag can also come from the environment as `RLSLICE_AGENT_<FLAG>` (upper c
 as '_'), e.g. `RLSLICE_AGENT_SCHEDULER=10.0.0.5:7070`; a flag given wins. The Agent
 service's certificate flags (`--tls-cert`, `--tls-key`, `--tls-client-ca`) read
 `RLSLICE_AGENT_SERVER_TLS_*`. As the scheduler's, the flags are typed (`_FLAGS`, through
-`rlslice.apps.shared.flags.env_flag`): a size, a path or a number parses where it is read, and a
-variable that does not parse stops the command naming it.
+`rlslice.apps.shared.flags.env_flag`): a size, a path or a number parses where it is read,
+and a variable that does not parse stops the command naming it.
 
 `--kubernetes` (the chart's DaemonSet): see `rlslice.snapshot_agent.kubernetes_mode`.
 """
