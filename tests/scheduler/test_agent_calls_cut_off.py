@@ -11,7 +11,6 @@ Cases:
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -73,10 +72,13 @@ def _switching_from_a_to_b() -> Driver:
     return d
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again: nothing listens there
+async def _closed_port() -> int:
+    """A port a server listened on and left: nothing listens there now."""
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await server.stop(0)
+    return port
 
 
 async def _switch(address: str) -> events.Event:
@@ -103,7 +105,7 @@ async def test_a_snapshot_that_went_out_and_got_no_answer_leaves_its_job_unsure(
 
 
 async def test_a_call_that_could_not_connect_did_nothing_and_leaves_nobody_unsure() -> None:
-    result = await _switch(f"127.0.0.1:{_closed_port()}")
+    result = await _switch(f"127.0.0.1:{await _closed_port()}")
     assert isinstance(result, events.SnapshotFailed)
     assert "node n1" in result.reason
     assert result.unsure == ()
