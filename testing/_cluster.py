@@ -1,8 +1,8 @@
 """Real scheduler and agent processes on loopback, to be killed and restarted at will.
 
 Used by `rlslice bench soak` and by the fault-injection tests. Each service is an
-`rlslice scheduler` or `rlslice agent` subprocess on a fixed port chosen once, so a
-restart comes back at the same address (clients and the scheduler reconnect by
+`rlslice scheduler` or `rlslice agent` subprocess (`Service`) on a fixed port chosen once,
+so a restart comes back at the same address (clients and the scheduler reconnect by
 themselves). Readiness is the standard gRPC health check answering SERVING.
 """
 
@@ -12,109 +12,15 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlslice.testing._processes import Service, free_port, rlslice_argv
+
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child: no inherited RLSLICE_* settings, never the cwd on sys.path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLSLICE_")}
-    env["PYTHONSAFEPATH"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def cli(*args: str) -> list[str]:
-    """argv of `rlslice ARGS...` with this interpreter."""
-    return [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", *args]
-
-
-@dataclass
-class Service:
-    """One server process: started, killed, restarted with the same argv and port."""
-
-    name: str
-    argv: list[str]
-    address: str
-    log: Path
-    env: dict[str, str] = field(default_factory=child_env)
-    process: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def start(self) -> None:
-        """Launch the process (it binds its port in well under a second)."""
-        assert not self.alive, f"{self.name} runs already"
-        with self.log.open("ab") as sink:
-            self.process = subprocess.Popen(
-                self.argv, stdout=sink, stderr=subprocess.STDOUT, env=self.env
-            )
-        self.starts += 1
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` (SIGKILL: no cleanup at all) and reap the process."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def stop(self) -> None:
-        """SIGTERM: a graceful stop."""
-        self.kill(signal.SIGTERM)
-
-    async def wait_serving(self, timeout: float = 30.0) -> None:
-        """Return once the health check answers SERVING; fail if the process exits."""
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout
-        async with grpc.aio.insecure_channel(self.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if not self.alive:
-                    tail = self.log.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"{self.name} exited:\n{tail}")
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                if loop.time() > give_up:
-                    raise TimeoutError(f"{self.name} did not serve within {timeout:g} s")
-                await asyncio.sleep(0.05)
-
-    async def restart(self, timeout: float = 30.0) -> None:
-        """Start again (after a kill) and wait until it serves."""
-        self.start()
-        await self.wait_serving(timeout)
 
 
 @dataclass
@@ -129,26 +35,15 @@ class AgentNode:
 
 
 def _scheduler_service(
-    work: Path, store: Path, scheduler_args: Sequence[str], agent_rpc_timeout: float | None
+    work: Path, store: Path, scheduler_args: Sequence[str], command: Sequence[str] | None
 ) -> Service:
-    """`rlslice scheduler` on a free loopback port over the SQLite `store`; with
-    `agent_rpc_timeout`, the soak's own entry point that shortens its deadlines to agents."""
+    """`rlslice scheduler` (or `command`, an argv that takes the same flags) on a free
+    loopback port over the SQLite `store`."""
     port = free_port()
-    command = cli("scheduler")
-    if agent_rpc_timeout is not None:
-        command = [
-            sys.executable,
-            "-m",
-            "rlslice.apps.bench.soak.scheduler",
-            "--agent-rpc-timeout",
-            repr(agent_rpc_timeout),
-            "--agent-status-timeout",
-            repr(min(5.0, agent_rpc_timeout)),
-        ]
     return Service(
         "scheduler",
         [
-            *command,
+            *(rlslice_argv("scheduler") if command is None else command),
             "--address",
             f"127.0.0.1:{port}",
             "--store",
@@ -158,8 +53,8 @@ def _scheduler_service(
             "1",
             *scheduler_args,
         ],
-        f"127.0.0.1:{port}",
         work / "scheduler.log",
+        f"127.0.0.1:{port}",
     )
 
 
@@ -180,22 +75,23 @@ class Cluster:
         host_reserve_bytes: int = 0,
         scheduler_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
-        agent_rpc_timeout: float | None = None,
+        scheduler_command: Sequence[str] | None = None,
     ) -> None:
-        """`agent_rpc_timeout`: the scheduler's deadline for each Snapshot/Restore (and
-        Status) call to an agent, for tests that cut an agent off (default: production's)."""
+        """`scheduler_command`: the argv that runs the scheduler, before its flags
+        (default `rlslice scheduler`); the fault tests pass one with short deadlines to
+        agents (`rlslice.apps.bench.soak.scheduler.argv`)."""
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
         self.store = work / "scheduler.sqlite"
         self._sockets = Path(tempfile.mkdtemp(prefix="rls-", dir="/tmp"))
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.sim_root = Path(tempfile.mkdtemp(prefix="rlslice-soak-", dir=shm))
-        self.scheduler = _scheduler_service(work, self.store, scheduler_args, agent_rpc_timeout)
+        self.scheduler = _scheduler_service(work, self.store, scheduler_args, scheduler_command)
         self.agents: dict[str, AgentNode] = {}
         for node in nodes:
             agent_port = free_port()
             socket_path = self._sockets / f"{node}.sock"
-            argv = cli(
+            argv = rlslice_argv(
                 "agent",
                 "--node", node,
                 "--address", f"127.0.0.1:{agent_port}",
@@ -209,7 +105,7 @@ class Cluster:
                 *agent_args,
             )  # fmt: skip
             service = Service(
-                f"agent {node}", argv, f"127.0.0.1:{agent_port}", work / f"{node}.log"
+                f"agent {node}", argv, work / f"{node}.log", f"127.0.0.1:{agent_port}"
             )
             self.agents[node] = AgentNode(service, node, socket_path, self.sim_root / node)
 

@@ -1,27 +1,32 @@
-"""The one process harness of the applications: run `rlslice` services as real processes.
+"""Real `rlslice` processes on loopback: the one process harness of the project.
 
-The demo, the benches and the soak start schedulers, agents and `rlslice up` the way a
-person would, as separate processes, and wait until they serve. This module is how:
+The demo, the benches, the soak and the fault tests start schedulers, agents and
+`rlslice up` the way a person would, as separate processes, and wait until they serve:
 
+- `free_port()`: a free TCP port on 127.0.0.1;
+- `child_env(extra)`: the environment of a child: no inherited `RLSLICE_*` setting, and
+  PYTHONSAFEPATH=1 (so the repository root never shadows the standard library's
+  `operator`), with `extra` on top;
 - `rlslice_argv(*args)`: the command line of `python -m rlslice.apps ...` with its log level;
-- `child_env(extra)`: the environment of a child (PYTHONSAFEPATH=1, so the repository root
-  never shadows the standard library's `operator`), plus `extra`;
-- `start_service(argv, log)`: a `Service` whose output goes to `log`; `stop()` sends
-  SIGTERM, waits, and kills only if it must;
-- `wait_serving(address, service, ready)`: returns once the address answers gRPC health
-  SERVING and `ready()` holds, fails at once (with the log's tail) when the process dies;
-- `free_port()`: a free TCP port on 127.0.0.1.
+- `Service`: one server process, started, killed and restarted with the same argv (and so
+  the same port); `start_service(argv, log)` starts one at once;
+- `Service.wait_serving()` (async) and `wait_serving(address, service, ready)` (blocking):
+  return once the address answers gRPC health SERVING, fail at once (with the log's tail)
+  when the process dies.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -33,8 +38,9 @@ def free_port() -> int:
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment for a child, with PYTHONSAFEPATH=1 and `extra` on top."""
-    env = dict(os.environ)
+    """This process's environment for a child, without its RLSLICE_* settings, with
+    PYTHONSAFEPATH=1 and `extra` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLSLICE_")}
     env["PYTHONSAFEPATH"] = "1"
     env.update(extra or {})
     return env
@@ -47,37 +53,97 @@ def rlslice_argv(*args: str, log_level: str = "WARNING") -> list[str]:
 
 @dataclass
 class Service:
-    """A service process started by `start_service`."""
+    """One server process: started, killed, restarted with the same argv and port.
 
-    process: subprocess.Popen[bytes]
+    Its output goes to `log` (appended: a restart keeps what the last run wrote).
+    """
+
+    name: str
+    argv: list[str]
     log: Path
+    address: str = ""
+    """Where it serves, for `wait_serving` ("" when the caller knows better)."""
+    env: dict[str, str] = field(default_factory=child_env)
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        """Launch the process (a server binds its port in well under a second)."""
+        assert not self.alive, f"{self.name} runs already"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as sink:
+            self.process = subprocess.Popen(
+                self.argv, stdout=sink, stderr=subprocess.STDOUT, env=self.env
+            )
+        self.starts += 1
 
     def check_alive(self) -> None:
         """Raise `RuntimeError` with the end of the log if the process has exited."""
-        if self.process.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-            raise RuntimeError(
-                f"{self.process.args!r} exited with {self.process.returncode}:\n{tail}"
-            )
+        if not self.alive:
+            tail = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+            code = None if self.process is None else self.process.returncode
+            raise RuntimeError(f"{self.name} ({self.argv!r}) exited with {code}:\n{tail}")
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, then wait up to `timeout` seconds; SIGKILL only if it is still there."""
-        if self.process.poll() is not None:
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 20.0) -> None:
+        """Send `sig` (SIGKILL: no cleanup at all) and reap the process; SIGKILL after
+        `timeout` seconds if it is still there."""
+        if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()
+        self.process.send_signal(sig)
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
 
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, a graceful stop; SIGKILL only if it must."""
+        self.kill(signal.SIGTERM, timeout)
 
-def start_service(argv: list[str], log: Path, env: Mapping[str, str] | None = None) -> Service:
-    """Start `argv` with stdout and stderr into `log` and the environment `child_env(env)`."""
+    async def wait_serving(self, timeout: float = 30.0) -> None:
+        """Return once the health check answers SERVING; fail if the process exits."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                self.check_alive()
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                if loop.time() > give_up:
+                    raise TimeoutError(f"{self.name} did not serve within {timeout:g} s")
+                await asyncio.sleep(0.05)
+
+    async def restart(self, timeout: float = 30.0) -> None:
+        """Start again (after a kill) and wait until it serves."""
+        self.start()
+        await self.wait_serving(timeout)
+
+
+def start_service(
+    argv: list[str], log: Path, env: Mapping[str, str] | None = None, *, address: str = ""
+) -> Service:
+    """Start `argv` with stdout and stderr into `log` (emptied first) and the environment
+    `child_env(env)`."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as sink:
-        process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env=child_env(env))
-    return Service(process, log)
+    log.write_bytes(b"")
+    service = Service(Path(argv[0]).name, argv, log, address, child_env(env))
+    service.start()
+    return service
 
 
 def wait_serving(
@@ -86,7 +152,8 @@ def wait_serving(
     ready: Callable[[], bool] = lambda: True,
     timeout: float = 30.0,
 ) -> None:
-    """Return once `address` answers health SERVING and `ready()` is true.
+    """Return once `address` answers health SERVING and `ready()` is true (blocking, for
+    code without an event loop).
 
     Raises `RuntimeError` as soon as the service exits, `TimeoutError` after `timeout`.
     """

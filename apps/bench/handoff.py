@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlslice.planner.stats import percentile
-from rlslice.testing._processes import child_env, rlslice_argv
+from rlslice.testing import child_env, rlslice_argv
 
 ACQUIRE_TARGET = 2.0
 HANDOFF_TARGET = 5.0

@@ -28,7 +28,7 @@ from typing import Any
 from rlslice.apps.demo.report import _print_table, _summary, _write_timeline
 from rlslice.apps.demo.runs import JobRun, MiB, ModeRun, Profile
 from rlslice.apps.shared.worker_pipe import WorkerPipe
-from rlslice.testing._processes import (
+from rlslice.testing import (
     Service,
     child_env,
     free_port,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ import pytest
 from rlslice._errors import FailedPreconditionError, InvalidArgumentError
 from rlslice.client import CommunicatorOffloader, Ranks, communicator_path, detect_ranks
 from rlslice.client._ranks import ranks_from
-from rlslice.testing import TestScheduler
+from rlslice.testing import TestScheduler, free_port
 
 RANKJOB = Path(__file__).with_name("rankjob.py")
 
@@ -151,12 +150,6 @@ def test_the_rebuild_path_runs_the_jobs_destroy_at_offload_and_rebuild_at_restor
 def test_the_rebuild_path_refuses_a_destroy_without_its_rebuild() -> None:
     with pytest.raises(FailedPreconditionError, match="both destroy and rebuild"):
         CommunicatorOffloader(library=FakeNccl(22600, ()), destroy=lambda: None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_ranks(

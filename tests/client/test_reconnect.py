@@ -17,22 +17,15 @@ Cases:
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
 
 from rlslice import LockLostError
 from rlslice.client import AsyncClient
-from rlslice.testing import TestScheduler, scheduler_for_tests
+from rlslice.testing import TestScheduler, free_port, scheduler_for_tests
 
 from .conftest import eventually
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_a_waiter_survives_a_restart_with_a_sqlite_store(tmp_path: Path) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ pytest.importorskip("trl")
 import grpc
 
 from rlslice.snapshot_agent.engine import WORKLOAD_ATTACH_SECONDS
+from rlslice.testing import free_port
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 
@@ -54,12 +54,6 @@ STEPS = 3
 SEEDS = {"grpo-a": 1, "grpo-b": 2}
 #: Keys of the trainer's log that measure wall time, not the computation.
 TIMING = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -75,7 +69,7 @@ def up(tmp_path: Path) -> Iterator[tuple[str, str]]:
         f"groups:\n  - name: {GROUP}\n    backend: app\n    headroom_bytes: {1 << 50}\n"
         "    phases: {rollout: {kind: rollout}, train: {kind: train}}\n"
     )
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     sock = tmp_path / "agent.sock"
     argv = [
         sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up",

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +29,9 @@ import pytest
 from rlslice._errors import FailedPreconditionError
 from rlslice.client import Client
 from rlslice.scheduler.core.registration import judge
+from rlslice.testing import free_port
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Up:
@@ -71,7 +65,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         "  - {name: open, backend: app}\n"
         "  - {name: strict, backend: app, require_agent_registration: true}\n"
     )
-    address, metrics = f"127.0.0.1:{_free_port()}", _free_port()
+    address, metrics = f"127.0.0.1:{free_port()}", free_port()
     argv = [
         sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up",
         "--address", address, "--store", str(work / "scheduler.sqlite"), "--node", "n1",

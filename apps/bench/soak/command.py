@@ -104,7 +104,7 @@ def _group_layout(config: SoakConfig) -> tuple[list[str], dict[str, tuple[str, i
 async def soak(config: SoakConfig) -> dict[str, Any]:
     """Run a soak; the report (figures and violations) as a dict."""
     from rlslice.apps.bench.soak.job import EventLog
-    from rlslice.testing._cluster import Cluster
+    from rlslice.testing import Cluster
 
     temporary, work = _workdir(config)
     nodes, layout = _group_layout(config)
@@ -208,7 +208,7 @@ async def _configure_groups(run: _Run, layout: dict[str, tuple[str, int]]) -> No
 
 def _start_job(run: _Run, name: str, group: str, node: str, device: int) -> None:
     from rlslice.apps.bench.soak.job import driver_argv
-    from rlslice.testing._cluster import child_env
+    from rlslice.testing import child_env
 
     agent = run.cluster.agents[node]
     run.generation += 1

@@ -3,7 +3,8 @@
 The real `rlslice scheduler` command (the same flags, settings and server), with the
 coordinator's agent call deadlines settable: the fault tests cut a scheduler off from an
 agent and must see the switch give up within seconds, not the production minute. Not a
-command of its own: only the fault tests and the soak start it (`Cluster`).
+command of its own: the fault tests start it, passing `argv(seconds)` as
+`rlslice.testing.Cluster(scheduler_command=...)`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,20 @@ import logging
 import sys
 
 from rlslice.apps import scheduler as command
+
+
+def argv(agent_rpc_timeout: float) -> list[str]:
+    """The command line of this entry point with the agent call deadline `agent_rpc_timeout`
+    (and Status calls' deadline at most 5 s), before the scheduler's own flags."""
+    return [
+        sys.executable,
+        "-m",
+        "rlslice.apps.bench.soak.scheduler",
+        "--agent-rpc-timeout",
+        repr(agent_rpc_timeout),
+        "--agent-status-timeout",
+        repr(min(5.0, agent_rpc_timeout)),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

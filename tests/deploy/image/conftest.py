@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
@@ -162,12 +161,6 @@ def containers(engine: Engine) -> Iterator[Engine]:
         if names:
             engine("rm", "-f", "-t", "0", *names, check=False, timeout=120)
         del engine.created[first:]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_detached(engine: Engine, name: str, flags: Sequence[str], image: str, *argv: str) -> None:

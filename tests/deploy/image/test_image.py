@@ -40,10 +40,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlslice._version import __version__
+from rlslice.testing import free_port
 
 from . import components
 from .components import TOKENS
-from .conftest import Engine, free_port, run_detached
+from .conftest import Engine, run_detached
 
 # The first test to ask for the image builds it (about 1-2 min on 2 cores, more with a
 # fresh mmdebstrap base): beyond pytest's default per-test timeout.

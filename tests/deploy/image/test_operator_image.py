@@ -32,8 +32,10 @@ import kmock
 import pytest
 import yaml
 
+from rlslice.testing import free_port
+
 from . import components
-from .conftest import Engine, free_port
+from .conftest import Engine
 
 # The first test to ask for the image builds it (about 1-2 min on 2 cores, more with a
 # fresh mmdebstrap base): beyond pytest's default per-test timeout.

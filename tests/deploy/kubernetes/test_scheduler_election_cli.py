@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 
 import grpc
 import kmock
@@ -24,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rlslice.adapters.channel import open_channel
 from rlslice.apps import scheduler as _cmd
 from rlslice.config import GroupSpec
+from rlslice.testing import free_port
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
 from .conftest import NS, eventually
@@ -33,12 +33,6 @@ def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     _cmd.configure(parser)
     return parser.parse_args(list(argv))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_the_flags_build_an_elected_scheduler_on_the_in_cluster_api(

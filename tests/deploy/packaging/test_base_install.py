@@ -30,6 +30,7 @@ import pytest
 
 from rlslice._version import __version__
 from rlslice.apps.cli import COMMANDS
+from rlslice.testing import free_port
 
 #: distributions of the extras; none may be in the base venv
 EXTRA_ONLY = {
@@ -88,14 +89,6 @@ def _base(bin_dir: Path, *argv: str, timeout: float = 30) -> subprocess.Complete
     )
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_ready(target: str, process: subprocess.Popen[bytes]) -> None:
     with grpc.insecure_channel(target) as channel:
         try:
@@ -108,12 +101,12 @@ def _wait_ready(target: str, process: subprocess.Popen[bytes]) -> None:
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """`rlslice up` from the development venv: (scheduler address, agent socket)."""
     tmp = tmp_path_factory.mktemp("up")
-    address = f"127.0.0.1:{_free_port()}"
+    address = f"127.0.0.1:{free_port()}"
     socket_path = tmp / "agent.sock"
     process = subprocess.Popen(
         [
             *(sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up"),
-            *("--address", address, "--agent-address", f"127.0.0.1:{_free_port()}"),
+            *("--address", address, "--agent-address", f"127.0.0.1:{free_port()}"),
             *("--store", str(tmp / "s.db"), "--socket", str(socket_path)),
             *("--state-dir", str(tmp / "agent"), "--sim-root", str(tmp / "sim")),
             *("--host-reserve-bytes", "0"),

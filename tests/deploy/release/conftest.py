@@ -16,7 +16,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 
 from rlslice._version import __version__
+from rlslice.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -68,12 +68,6 @@ def missing(reason: str) -> None:
 def load_release_tool() -> ModuleType:
     """tools/release.py as a module."""
     return load("release_tool", ROOT / "tools" / "release.py")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)

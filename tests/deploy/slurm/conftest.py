@@ -29,15 +29,11 @@ from pathlib import Path
 
 import pytest
 
+from rlslice.testing import free_port
+
 TOOLS = ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
 VENV_BIN = Path(sys.executable).parent
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _unavailable(reason: str) -> None:
@@ -170,7 +166,7 @@ def _write_config(root: Path, host: str, nodes: tuple[str, ...]) -> Path:
     cpus = os.cpu_count() or 1
     conf = root / "slurm.conf"
     node_lines = "".join(
-        f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} "
+        f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} "
         f"CPUs={cpus} RealMemory=1000 Gres=gpu:2 State=UNKNOWN\n"
         for node in nodes
     )
@@ -179,7 +175,7 @@ def _write_config(root: Path, host: str, nodes: tuple[str, ...]) -> Path:
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={root}/munge-run/socket
 CredType=cred/munge

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -27,17 +26,12 @@ from typing import Any
 import pytest
 
 from rlslice._nodes import node_label
+from rlslice.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "slurm"
 CLI = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]
 STEPS = 3
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(condition: Any, timeout: float, what: str) -> None:
@@ -59,7 +53,7 @@ def services(slurm: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
     token.chmod(0o600)
     groups = tmp_path / "groups.yaml"
     groups.write_text(f"groups:\n  - name: {group}\n    backend: sim\n    nodes: [{group}]\n")
-    port, agent_port = _port(), _port()
+    port, agent_port = free_port(), free_port()
     socket_path = tmp_path / "run" / "agent.sock"
     socket_path.parent.mkdir()
     env = {**slurm.env, "RLSLICE_JOB_TOKEN": "site-wide-job-token"}

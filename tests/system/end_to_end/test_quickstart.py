@@ -22,16 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from rlslice.testing import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 LOOP = ROOT / "examples" / "quickstart" / "train_loop.py"
 ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
 CLI = [sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
@@ -47,7 +43,7 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
 
 @pytest.fixture(params=["scheduler", "up"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    port = _port()
+    port = free_port()
     if request.param == "scheduler":
         argv = [*CLI, "scheduler", "--address", f"127.0.0.1:{port}", "--auto-create-groups"]
     else:

@@ -12,7 +12,6 @@ Cases:
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,20 +22,15 @@ import pytest
 
 from rlslice.adapters.wire import group_spec_from_proto
 from rlslice.config import GroupSpec, load_group_config
+from rlslice.testing import free_port
 from rlslice.v1alpha1 import scheduler_pb2, scheduler_pb2_grpc
 
 GROUP_YAML = Path(__file__).resolve().parents[3] / "examples" / "grpo_tiny" / "group.yaml"
 ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_up_creates_the_configured_groups_before_any_job_registers(tmp_path: Path) -> None:
-    address = f"127.0.0.1:{_port()}"
+    address = f"127.0.0.1:{free_port()}"
     argv = [
         sys.executable, "-m", "rlslice.apps", "--log-level", "WARNING", "up",
         "--address", address, "--store", str(tmp_path / "s.db"),

@@ -1,5 +1,5 @@
 """Fixtures for the fault-injection tests: real scheduler and agent processes on loopback
-(`rlslice.testing._cluster`), real job processes (`worker.py`), and the DESIGN.md
+(`rlslice.testing.Cluster`), real job processes (`worker.py`), and the DESIGN.md
 invariants checked against what the scheduler, the agents and /proc say.
 """
 
@@ -21,7 +21,8 @@ import pytest
 
 from rlslice.adapters.auth import local_agent_token
 from rlslice.adapters.channel import open_channel
-from rlslice.testing._cluster import Cluster, child_env
+from rlslice.apps.bench.soak import scheduler as soak_scheduler
+from rlslice.testing import Cluster, child_env
 from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc, scheduler_pb2_grpc
 from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -246,7 +247,11 @@ def faults(tmp_path: Path) -> Callable[..., contextlib.AbstractAsyncContextManag
     cluster; every process is gone afterwards."""
 
     @contextlib.asynccontextmanager
-    async def make(**cluster: Any) -> AsyncIterator[Faults]:
+    async def make(agent_rpc_timeout: float | None = None, **cluster: Any) -> AsyncIterator[Faults]:
+        # `agent_rpc_timeout`: the scheduler's deadline for each Snapshot/Restore (and
+        # Status) call to an agent, for tests that cut an agent off (default: production's).
+        if agent_rpc_timeout is not None:
+            cluster["scheduler_command"] = soak_scheduler.argv(agent_rpc_timeout)
         running = Cluster(tmp_path / "cluster", **cluster)
         made = Faults(running)
         try:

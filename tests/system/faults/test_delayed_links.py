@@ -35,7 +35,7 @@ import pytest
 
 from rlslice import RlsliceError
 from rlslice.client import AsyncClient
-from rlslice.testing._cluster import Cluster
+from rlslice.testing import Cluster
 
 from .conftest import Faults, Proc
 from .delayproxy import DelayProxy

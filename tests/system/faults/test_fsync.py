@@ -38,7 +38,7 @@ import pytest
 from rlslice.adapters.channel import open_channel
 from rlslice.client import AsyncClient
 from rlslice.scheduler.store import SQLiteStore
-from rlslice.testing._cluster import Cluster, child_env, free_port
+from rlslice.testing import Cluster, child_env, free_port
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 

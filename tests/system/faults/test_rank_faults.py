@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -38,8 +37,7 @@ import pytest
 
 from rlslice import AbortedError
 from rlslice.client import AsyncClient
-from rlslice.testing import scheduler_for_tests
-from rlslice.testing._cluster import child_env
+from rlslice.testing import child_env, free_port, scheduler_for_tests
 
 from .conftest import eventually, proc_state
 from .test_workload_stream_cut import APPJOB, AppJob
@@ -50,12 +48,6 @@ else:
     pytest.importorskip("torch")
 
 RANKJOB = Path(__file__).resolve().parents[2] / "client" / "rankjob.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_ranks(scheduler: str, job: str, steps: int, **extra: str) -> list[subprocess.Popen[str]]:

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlslice.testing._cluster import child_env
+from rlslice.testing import child_env
 
 SOAK = """
 import asyncio, json, sys

@@ -37,8 +37,7 @@ import pytest
 from rlslice.adapters.channel import open_channel
 from rlslice.client import AsyncClient
 from rlslice.scheduler.store import SQLiteStore
-from rlslice.testing import TestScheduler, scheduler_for_tests
-from rlslice.testing._cluster import child_env
+from rlslice.testing import TestScheduler, child_env, scheduler_for_tests
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 from rlslice.v1alpha1 import scheduler_pb2_grpc
 

@@ -42,7 +42,7 @@ import pytest
 
 from rlslice import AbortedError, FailedPreconditionError
 from rlslice.client import AsyncClient
-from rlslice.testing._cluster import child_env
+from rlslice.testing import child_env
 
 from .conftest import eventually, proc_state
 

@@ -6,7 +6,7 @@
 - `render(helm, *sets)`: `helm template rls charts/rlslice --namespace rl-system` as objects.
 - `rules_file(objects, path)`: the PrometheusRule's groups as a Prometheus rules file.
 - `Prometheus`: a server on 127.0.0.1, started and stopped by pid (the process harness of
-  `rlslice.testing._processes`), with `ready()` and `query()` polled against a deadline.
+  `rlslice.testing`), with `ready()` and `query()` polled against a deadline.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from rlslice.testing._processes import Service, free_port, start_service
+from rlslice.testing import Service, free_port, start_service
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "rlslice"

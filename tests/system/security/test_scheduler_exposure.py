@@ -25,6 +25,7 @@ from rlslice import InvalidArgumentError
 from rlslice.config import TLSConfig
 from rlslice.scheduler import SchedulerSettings, start_scheduler
 from rlslice.scheduler.settings import check_exposure
+from rlslice.testing import free_port
 
 ALL_TOKENS = {"job_token": "j", "admin_token": "a", "agent_token": "g"}
 
@@ -104,14 +105,8 @@ def test_a_reachable_address_with_an_open_role_is_refused_naming_the_roles(
     assert "\n" not in message
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_start_scheduler_refuses_before_binding_the_port() -> None:
-    port = _free_port()
+    port = free_port()
     with pytest.raises(InvalidArgumentError, match="address"):
         await start_scheduler(SchedulerSettings(address=f"0.0.0.0:{port}"))
     with socket.socket() as probe:  # still free: nothing was bound, not even for a moment
@@ -132,7 +127,7 @@ def test_the_scheduler_command_refuses_an_open_reachable_port_in_one_line(
     tmp_path: Path,
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLSLICE_")}
-    process = _scheduler("--address", f"0.0.0.0:{_free_port()}", env=env)
+    process = _scheduler("--address", f"0.0.0.0:{free_port()}", env=env)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     lines = stderr.strip().splitlines()
