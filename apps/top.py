@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
-from rlslice.apps.shared.flags import Connection, add_connection_flags, connection_from
+from rlslice.apps.shared.flags import ConnectionFlags, add_connection_flags, connection_from
 from rlslice.apps.timeline.trace_export import Event
 from rlslice.units import format_bytes
 
@@ -35,7 +35,7 @@ RECENT_SWITCHES = 8
 
 
 @dataclass(frozen=True)
-class JobView:
+class JobRow:
     """One job's place in a group, as `top` shows it."""
 
     job: str
@@ -62,7 +62,7 @@ class GroupView:
     busy_fraction: float = 0.0
     last_switch_seconds: float = 0.0
     switches: int = 0
-    jobs: tuple[JobView, ...] = ()
+    jobs: tuple[JobRow, ...] = ()
 
     def bytes_of(self, job: str) -> int:
         """Device bytes last reported for `job`, 0 when unknown."""
@@ -253,7 +253,7 @@ def group_view_from_proto(status: scheduler_pb2.GroupStatus) -> GroupView:
         last_switch_seconds=status.last_switch_seconds,
         switches=status.switches,
         jobs=tuple(
-            JobView(
+            JobRow(
                 job=j.job,
                 state=scheduler_pb2.JobState.Name(j.state).removeprefix("JOB_STATE_"),
                 device_bytes=j.device_bytes,
@@ -379,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
-async def _main(connection: Connection, args: argparse.Namespace, console: Console) -> int:
+async def _main(connection: ConnectionFlags, args: argparse.Namespace, console: Console) -> int:
     import asyncio
 
     from rich.live import Live

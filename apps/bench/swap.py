@@ -108,7 +108,7 @@ class _BenchError(Exception):
 # --- the worker side ----------------------------------------------------------------
 
 
-class Worker:
+class SwapWorker:
     """A worker process: JSON lines on its stdin/stdout."""
 
     def __init__(self, proc: asyncio.subprocess.Process, hello: dict[str, Any]) -> None:
@@ -118,7 +118,7 @@ class Worker:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, args: argparse.Namespace, seed: int) -> Worker:
+    async def start(cls, args: argparse.Namespace, seed: int) -> SwapWorker:
         command = [sys.executable, "-m", "rlslice.apps.bench.swap", "--worker", "--seed", str(seed)]
         command += ["--gib", str(args.gib), "--device", str(args.device)]
         command += ["--cpu"] if args.cpu else []
@@ -160,7 +160,7 @@ class Worker:
 class PipeLink:
     """A `WorkloadLink` to a worker's `TorchOffloader`, over its pipe (no agent needed)."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: SwapWorker) -> None:
         self.worker = worker
         self.modes: frozenset[str] = frozenset(worker.hello["modes"])
         self.tags: tuple[str, ...] = tuple(worker.hello["tags"])
@@ -209,7 +209,7 @@ def _memcpy(nbytes: int, device: int, cpu: bool) -> dict[str, float]:
 
 
 async def _alone(args: argparse.Namespace, seed: int, turns: int) -> list[str]:
-    worker = await Worker.start(args, seed)
+    worker = await SwapWorker.start(args, seed)
     try:
         losses = []
         for _ in range(turns):
@@ -268,7 +268,7 @@ async def _rounds(
     """Two workers take turns through `backend`; then the side passes on the resident job."""
     from rlslice.snapshot_agent.backends.base import JobHandle
 
-    a, b = await asyncio.gather(Worker.start(args, 1), Worker.start(args, 2))
+    a, b = await asyncio.gather(SwapWorker.start(args, 1), SwapWorker.start(args, 2))
     jobs = {
         w.pid: JobHandle(job=f"swap-{name}", group="bench", pids=(w.pid,), workloads=(PipeLink(w),))
         for name, w in (("a", a), ("b", b))

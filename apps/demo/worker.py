@@ -25,7 +25,7 @@ import numpy as np
 STRIDE = 4096  # float32 elements between touched values: a phase touches every page
 
 
-class Worker:
+class DemoWorker:
     """Deterministic 'model' state in emulated device memory, updated by GPU phases."""
 
     def __init__(self, job: str, group: str, state_bytes: int, seed: int, device: int) -> None:
@@ -94,7 +94,7 @@ def main() -> int:
         int(sys.argv[4]),
         int(sys.argv[5]),
     )
-    worker = Worker(job, group, state_bytes, seed, device)
+    worker = DemoWorker(job, group, state_bytes, seed, device)
     out = sys.stdout
     for line in sys.stdin:
         command = json.loads(line)

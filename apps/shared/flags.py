@@ -48,7 +48,7 @@ def boolean(text: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Connection:
+class ConnectionFlags:
     """Where and how a client-side command reaches the scheduler."""
 
     address: str
@@ -85,7 +85,7 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
 
 def connection_from(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
-) -> Connection:
+) -> ConnectionFlags:
     """The connection that `add_connection_flags`' flags and the environment describe.
 
     A flag wins over its variable. Raises `InvalidArgumentError` naming the flag or variable
@@ -112,7 +112,7 @@ def connection_from(
         if ca is not None or cert is not None
         else None
     )
-    return Connection(address=address, tls=tls, token=token)
+    return ConnectionFlags(address=address, tls=tls, token=token)
 
 
 def env_flag(

@@ -27,7 +27,7 @@ from rlslice.apps.timeline.trace_export import Event
 from rlslice.apps.top import (
     RECENT_SWITCHES,
     GroupView,
-    JobView,
+    JobRow,
     TopState,
     fold,
     group_view_from_proto,
@@ -60,9 +60,9 @@ def busy_group() -> GroupView:
         last_switch_seconds=0.42,
         switches=9,
         jobs=(
-            JobView("actor-a", "HOLDING", device_bytes=int(1.5 * GiB)),
-            JobView("learner", "RESIDENT", device_bytes=512 * 1024**2),
-            JobView("actor-b", "PARKED", device_bytes=20 * GiB),
+            JobRow("actor-a", "HOLDING", device_bytes=int(1.5 * GiB)),
+            JobRow("learner", "RESIDENT", device_bytes=512 * 1024**2),
+            JobRow("actor-b", "PARKED", device_bytes=20 * GiB),
         ),
     )
 
@@ -197,7 +197,7 @@ def test_a_group_status_message_becomes_a_view_with_every_shown_field() -> None:
         busy_fraction=0.5,
         last_switch_seconds=0.25,
         switches=3,
-        jobs=(JobView("a", "HOLDING", device_bytes=7), JobView("b", "PARKED", queue_position=2)),
+        jobs=(JobRow("a", "HOLDING", device_bytes=7), JobRow("b", "PARKED", queue_position=2)),
     )
 
 
