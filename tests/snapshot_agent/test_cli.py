@@ -16,6 +16,7 @@ import pytest
 
 from rlslice.apps import agent as _cmd
 from rlslice.apps.cli import main
+from rlslice.apps.shared import flags
 
 GiB = 1 << 30
 
@@ -34,13 +35,13 @@ GiB = 1 << 30
     ],
 )
 def test_sizes_read_as_bytes(text: str, size: int) -> None:
-    assert _cmd.parse_size(text) == size
+    assert flags.size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "lots", "1XB", "-1GiB"])
 def test_a_size_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        _cmd.parse_size(text)
+        flags.size(text)
 
 
 def test_agent_flags_and_environment_become_settings(
