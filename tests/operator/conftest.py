@@ -8,7 +8,6 @@ through a login handler of the test's registry.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from rlslice.operator.handlers import build_registry, operator_settings
 from rlslice.operator.mutation import InjectionSettings
 from rlslice.operator.settings import OperatorConfig, Role, WebhookSettings
 from rlslice.scheduler import SchedulerSettings, start_scheduler
+from rlslice.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "charts/rlslice/files/crds/timeslicegroups.rlslice.dev.yaml"
@@ -48,12 +48,6 @@ async def eventually(
             return last  # type: ignore[no-any-return]
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}; last seen: {last!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from rlslice.snapshot_agent import RunningAgent
-from rlslice.testing import scheduler_for_tests
+from rlslice.testing import free_port, scheduler_for_tests
 from rlslice.v1alpha1 import agent_pb2 as apb
 
 from .conftest import eventually
@@ -33,12 +32,6 @@ else:
     pytest.importorskip("torch")
 
 RANKJOB = Path(__file__).resolve().parents[1] / "client" / "rankjob.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_ranks(scheduler: str, socket_path: str) -> list[subprocess.Popen[str]]:
