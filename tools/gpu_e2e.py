@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -122,12 +121,6 @@ def run_job(
     if offload is not None:
         offload.stop()
     out.write_text(json.dumps({"losses": losses, "grants": grants, "ballast": checks}))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _parse() -> argparse.Namespace:
@@ -291,13 +284,14 @@ def main() -> int:
 
     import grpc
 
+    from rlslice.testing import free_port
     from rlslice.v1alpha1 import scheduler_pb2_grpc
 
     work = Path(tempfile.mkdtemp(prefix="rlslice-gpu-e2e-"))
     env = dict(os.environ)
     report: dict[str, Any] = {"gib": args.gib, "steps": args.steps}
     alone = _alone(args, work, env)
-    port = _free_port()
+    port = free_port()
     up = _start_up(args, work, env, port)
     try:
         address = f"127.0.0.1:{port}"
