@@ -160,8 +160,8 @@ class GpuPhaseCallback:
         self._phase = phase
         self.grants += 1
 
-    def release(self) -> None:
-        """Give the group back if the callback holds it."""
+    def yield_group(self) -> None:
+        """Yield: give the group back if the callback holds it (the job stays registered)."""
         phase, self._phase = self._phase, None
         self._deferred = False
         if phase is not None:
@@ -180,7 +180,7 @@ class GpuPhaseCallback:
                 self._client, self._owned = None, False
                 finalizer()  # closes the client we built, once
             else:
-                self.release()
+                self.yield_group()
         finally:
             if self._offload is not None:
                 self._offload.stop()
@@ -222,7 +222,7 @@ class GpuPhaseCallback:
         elif _device_work_follows(control, args):
             self._deferred = True
         else:
-            self.release()
+            self.yield_group()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The trainer logs, evaluates or saves after an epoch too: hold for that."""
@@ -231,17 +231,17 @@ class GpuPhaseCallback:
             self._deferred = True
 
     def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Logging done: release a deferred hold if nothing else follows."""
+        """Logging done: give a deferred hold back if nothing else follows."""
         self._settle(control, args, evaluated=False)
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Evaluation done: release a deferred hold if no save follows."""
+        """Evaluation done: give a deferred hold back if no save follows."""
         self._settle(control, args, evaluated=True)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Saving is the last thing after a step: release a deferred hold."""
+        """Saving is the last thing after a step: give a deferred hold back."""
         if self._deferred and not control.should_training_stop:
-            self.release()
+            self.yield_group()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Leave the group (see `close()`): the trainer's state is home after `train()`."""
@@ -279,7 +279,7 @@ class GpuPhaseCallback:
 
     def _offer(self) -> None:
         # Yield, then queue again at once: a waiting job runs now, this one waits its turn.
-        self.release()
+        self.yield_group()
         self.acquire()
 
     def _settle(self, control: Any, args: Any, *, evaluated: bool) -> None:
@@ -289,7 +289,7 @@ class GpuPhaseCallback:
         if evaluated and _saves_best(args):
             pending = True  # the trainer decides after this event whether to save
         if not pending:
-            self.release()
+            self.yield_group()
 
 
 def _device_work_follows(control: Any, args: Any) -> bool:

@@ -7,12 +7,14 @@ and accelerate are dev dependencies) for a few steps.
 Cases:
 - one optimizer step (with gradient-accumulation substeps) is one hold; between steps the
   job holds nothing;
-- logging, evaluation and saving right after a step stay inside the hold, released after
-  the last of them; an end-of-epoch evaluation is held too; the run's last step is held
+- logging, evaluation and saving right after a step stay inside the hold, given back
+  after the last of them; an end-of-epoch evaluation is held too; the run's last step is held
   until on_train_end;
 - hold="train" holds the whole run and offers the group at each step end: a waiting job
   takes its turn there;
-- leaving the `with` block after a failure releases and closes the client it built;
+- `yield_group()` gives the group back and keeps the job registered;
+- leaving the `with` block after a failure gives the group back and closes the client it
+  built;
 - the end of training with a client it built leaves the group while holding it (Unregister,
   no Yield: a waiting job's switch cannot snapshot it on the way out); a given client yields;
 - offload=True registers the model and the optimizer the Trainer passes to on_train_begin
@@ -72,7 +74,7 @@ def test_one_optimizer_step_is_one_hold(job_env: SchedulerForTests) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "events", "released_after"),
+    ("flags", "events", "given_back_after"),
     [
         ({"should_log": True}, [("on_log", {})], "on_log"),
         (
@@ -91,15 +93,15 @@ def test_device_work_right_after_a_step_stays_inside_the_hold(
     job_env: SchedulerForTests,
     flags: dict[str, bool],
     events: list[tuple[str, dict[str, bool]]],
-    released_after: str,
+    given_back_after: str,
 ) -> None:
     with GpuPhaseCallback() as callback:
         callback.on_step_begin(ARGS, None, control())
         callback.on_step_end(ARGS, None, control(**flags))
         for event, after in events:
-            assert holder(job_env) == "grpo-a", f"released before {event}"
+            assert holder(job_env) == "grpo-a", f"given back before {event}"
             getattr(callback, event)(ARGS, None, control(**after))
-        assert holder(job_env) == "", f"still held after {released_after}"
+        assert holder(job_env) == "", f"still held after {given_back_after}"
         assert callback.grants == 1
 
 
@@ -170,7 +172,21 @@ def test_hold_train_offers_the_group_to_a_waiting_job_at_each_step_end(
         assert callback.grants == 2
 
 
-def test_leaving_the_block_after_a_failure_releases_and_closes(
+def test_yield_group_gives_the_group_back_and_keeps_the_job_registered(
+    job_env: SchedulerForTests,
+) -> None:
+    with GpuPhaseCallback() as callback:
+        callback.acquire()
+        assert holder(job_env) == "grpo-a"
+        callback.yield_group()
+        assert not callback.held
+        assert holder(job_env) == ""
+        assert [j.job for j in job_env.group("gpus").jobs] == ["grpo-a"]
+        callback.yield_group()  # holding nothing: nothing to give back
+        assert callback.grants == 1
+
+
+def test_leaving_the_block_after_a_failure_gives_back_and_closes(
     job_env: SchedulerForTests,
 ) -> None:
     def train(callback: GpuPhaseCallback) -> None:
