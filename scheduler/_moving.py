@@ -291,9 +291,24 @@ def _node_moves(
     move: MoveKind, pairs: Sequence[tuple[str, str]], results: Sequence[object]
 ) -> tuple[events.NodeMove, ...]:
     """The moves that took place among `results` of the calls for `pairs` (job, node):
-    answered, not absent there, not a repeat of an earlier call."""
+    answered, not absent there, not a repeat of an earlier call; and the moves between
+    host memory and disk each answer tells (`tier_moves`)."""
+    done: list[events.NodeMove] = []
+    for (job, node), r in zip(pairs, results, strict=True):
+        if isinstance(r, apb.MoveResult) and not r.repeated:
+            done += tier_moves(node, r.tier_moves)
+            if not r.absent:
+                done.append(events.NodeMove(node, job, move, r.bytes, r.seconds))
+    return tuple(done)
+
+
+_TIER = {"spill": MoveKind.SPILL, "fill": MoveKind.FILL}
+
+
+def tier_moves(node: str, moves: Sequence[apb.TierMove]) -> tuple[events.NodeMove, ...]:
+    """The agent's moves between host memory and its disk tier, as the core's moves."""
     return tuple(
-        events.NodeMove(node, job, move, r.bytes, r.seconds)
-        for (job, node), r in zip(pairs, results, strict=True)
-        if isinstance(r, apb.MoveResult) and not r.absent and not r.repeated
+        events.NodeMove(node, m.job, _TIER[m.direction], m.bytes, m.seconds)
+        for m in moves
+        if m.direction in _TIER
     )

@@ -16,7 +16,9 @@
 
 A prefetch (`Switch.purpose` is `SwitchKind.PREFETCH`) is planned by
 `core.moves.plan_prefetch` (the holder is never evicted for it) and executed the same way;
-when it cannot fit the coordinator says so (PrefetchSkipped) and nothing moves. An
+when it cannot fit the coordinator says so (PrefetchSkipped) and nothing moves onto the
+devices; the agents where the waiter is parked read its spilled parts back from their disk
+tier into host memory instead (`Prefetch`), so its restore reads no disk. An
 unprefetch parks a prefetched waiter that left (`core.moves.plan_park`).
 
 Steps 3 and 4 (running the planned moves) live in `_moving.py`, which `Coordinator`
@@ -40,7 +42,7 @@ from rlslice._errors import NotFoundError
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
 from rlslice.config import GroupSpec, TLSConfig
-from rlslice.scheduler._moving import FENCE_OPTION, AgentCallError, _Moving
+from rlslice.scheduler._moving import FENCE_OPTION, AgentCallError, _Moving, tier_moves
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import GroupState, Switch, SwitchKind, agent_liveness, events
 from rlslice.scheduler.core.membership import group_nodes
@@ -287,7 +289,10 @@ class Coordinator(_Moving):
                 holder_declared_bytes=holding.device_bytes if holding is not None else 0,
             )
             if plan is None:
-                return events.PrefetchSkipped(switch.epoch, "does not fit beside the holder")
+                filled = await self._fill_ahead(state.name, switch.incoming, reports)
+                return events.PrefetchSkipped(
+                    switch.epoch, "does not fit beside the holder", filled
+                )
         else:
             plan = plan_switch(
                 need,
@@ -305,6 +310,29 @@ class Coordinator(_Moving):
         if isinstance(result, events.SwitchDone):
             return dataclasses.replace(result, seconds=self._clock() - started)
         return result
+
+    async def _fill_ahead(
+        self, group: str, job: str, reports: Sequence[NodeReport]
+    ) -> tuple[events.NodeMove, ...]:
+        """A waiter that does not fit beside the holder: each node where it is parked reads
+        its spilled parts back into host memory now (`Prefetch`), so its restore reads no
+        disk. Best effort: a node that fails (or predates the call) is logged, and the
+        restore fills from disk there as before. The agents' moves, for the spill lane."""
+        parked = [r.node for r in reports if (j := r.jobs.get(job)) and j.place is Place.PARKED]
+        request = apb.PrefetchRequest(job=job, group=group)
+
+        async def one(node: str) -> tuple[events.NodeMove, ...]:
+            try:
+                result = await self._call(
+                    node, "Prefetch", request, self._rpc_timeout, f"prefetch of {job}"
+                )
+            except AgentCallError as error:
+                log.info("%s", error)
+                return ()
+            return tier_moves(node, result.tier_moves)
+
+        found = await asyncio.gather(*(one(node) for node in parked))
+        return tuple(m for moves in found for m in moves)
 
     async def survey(self, spec: GroupSpec) -> AgentSurvey:
         """One Status to each node of the group, for a registration: the (job, group)

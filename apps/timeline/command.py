@@ -8,7 +8,8 @@ into lanes (`rlslice.apps.timeline.trace_export.build_timeline`) and writes, by 
 - `.json`: a Chrome trace (open it in Perfetto, ui.perfetto.dev, or chrome://tracing);
 - `.png`: a picture drawn by the planner's `plot_timeline` (the same style as `rlslice
   simulate`): one lane per job with its GPU phases (`gpu:<phase>`) and waits, the
-  snapshot/restore lanes, and the switches lane. Instants (yields, faults) are in the trace only.
+  snapshot/restore lanes, the spill lane (the agents' disk tier: spill and fill per job), and
+  the switches lane. Instants (yields, faults) are in the trace only.
 
 grpc and matplotlib are imported only when needed, so the pure parts stay light.
 """

@@ -18,6 +18,7 @@ How events become intervals (times are Unix seconds):
 | job | `waiting` | QUEUED(job) | GRANTED, CANCELLED, FAILED, FAULTED, LEASE_EXPIRED, UNREGISTERED of the job, GROUP_DELETED |
 | `[switch]` | `switch -> job` | SWITCH_STARTED | SWITCH_DONE / SWITCH_FAILED (or `time - seconds` when the start fell out of the ring) |
 | `[moves]` | `snapshot job` / `restore job` | `time - seconds` | SNAPSHOT_DONE / RESTORE_DONE |
+| `[spill]` | `spill job` / `fill job` (host memory to disk, disk to host memory) | `time - seconds` | SPILL_DONE / FILL_DONE |
 
 An interval still open at the end of the log ends at the last event and says `open`. A wait
 of zero length (an uncontended acquire, QUEUED and GRANTED at the same instant) is left out.
@@ -36,6 +37,8 @@ from typing import Any
 #: a job id (a DNS-1123 label), so a job named "switch" gets a lane of its own.
 SWITCH_LANE = "[switch]"
 MOVES_LANE = "[moves]"
+SPILL_LANE = "[spill]"
+"""The agents' moves of parked bytes between host memory and their disk tier."""
 
 _HELD_ENDS = frozenset(
     {"YIELDED", "PREEMPTED", "LEASE_EXPIRED", "UNREGISTERED", "FAULTED", "FAILED"}
@@ -43,6 +46,13 @@ _HELD_ENDS = frozenset(
 _WAIT_ENDS = frozenset(
     {"GRANTED", "CANCELLED", "FAILED", "FAULTED", "LEASE_EXPIRED", "UNREGISTERED"}
 )
+#: Move events -> (lane, interval category).
+_MOVE_KINDS = {
+    "SNAPSHOT_DONE": (MOVES_LANE, "snapshot"),
+    "RESTORE_DONE": (MOVES_LANE, "restore"),
+    "SPILL_DONE": (SPILL_LANE, "spill"),
+    "FILL_DONE": (SPILL_LANE, "fill"),
+}
 #: Event kinds drawn as instants on the job's lane (or the switch lane).
 INSTANT_KINDS = frozenset(
     {
@@ -85,7 +95,7 @@ class Interval:
     lane: str
     name: str
     category: str
-    """"held", "waiting", "switch", "snapshot" or "restore"."""
+    """"held", "waiting", "switch", "snapshot", "restore", "spill" or "fill"."""
     start: float
     end: float
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -188,7 +198,7 @@ def build_timeline(events: Iterable[Event], group: str = "") -> Timeline:
         fold.feed(event)
     fold.finish(end)
     intervals = _spill(fold.raw)
-    base = [SWITCH_LANE, MOVES_LANE, *fold.jobs]
+    base = [SWITCH_LANE, MOVES_LANE, SPILL_LANE, *fold.jobs]
     used = {i.lane for i in intervals} | {i.lane for i in fold.instants}
     lanes = [lane for lane in _ordered_lanes(base, used) if lane in used]
     return Timeline(name, start, end, tuple(lanes), tuple(intervals), tuple(fold.instants))
@@ -220,7 +230,7 @@ class _Fold:
             self.switch_open = (t, event)
         elif kind in ("SWITCH_DONE", "SWITCH_FAILED"):
             self._switch_ended(event)
-        elif kind in ("SNAPSHOT_DONE", "RESTORE_DONE"):
+        elif kind in _MOVE_KINDS:
             self._moved(event)
         elif kind == "GROUP_DELETED":
             for other in list(self.holding):
@@ -266,10 +276,10 @@ class _Fold:
         self.switch_open = None
 
     def _moved(self, event: Event) -> None:
-        verb = "snapshot" if event.kind == "SNAPSHOT_DONE" else "restore"
+        lane, verb = _MOVE_KINDS[event.kind]
         self.raw.append(
             Interval(
-                MOVES_LANE,
+                lane,
                 f"{verb} {event.job}".strip(),
                 verb,
                 max(self.start, event.time - event.seconds),

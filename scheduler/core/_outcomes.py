@@ -29,7 +29,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     switch = _current_switch(s, e.epoch)
     if switch is None:
         return
-    _record_moves(tx, e)
+    _record_moves(tx, e.moves)
     if switch.purpose != SwitchKind.GRANT:
         _side_switch_done(tx, switch, e)
         return
@@ -62,11 +62,19 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
         _serve(tx)
 
 
-def _record_moves(tx: _Tx, e: ev.SwitchDone) -> None:
-    """One ring event per node and move (the node in `detail`): the timeline's moves lane."""
-    for move in e.moves:
-        kind = Kind.RESTORE_DONE if move.move is ev.MoveKind.RESTORE else Kind.SNAPSHOT_DONE
-        tx.record(kind, move.job, move.node, seconds=move.seconds, nbytes=move.bytes)
+_DONE = {
+    ev.MoveKind.SNAPSHOT: Kind.SNAPSHOT_DONE,
+    ev.MoveKind.RESTORE: Kind.RESTORE_DONE,
+    ev.MoveKind.SPILL: Kind.SPILL_DONE,
+    ev.MoveKind.FILL: Kind.FILL_DONE,
+}
+
+
+def _record_moves(tx: _Tx, moves: tuple[ev.NodeMove, ...]) -> None:
+    """One ring event per node and move (the node in `detail`): the timeline's moves lane
+    and its spill lane (the agents' moves between host memory and disk)."""
+    for move in moves:
+        tx.record(_DONE[move.move], move.job, move.node, seconds=move.seconds, nbytes=move.bytes)
 
 
 def _came_back(e: ev.SwitchDone) -> int:
@@ -107,6 +115,7 @@ def _prefetch_skipped(tx: _Tx, e: ev.PrefetchSkipped) -> None:
     switch = _current_switch(tx.s, e.epoch)
     if switch is None:
         return
+    _record_moves(tx, e.moves)
     _side_switch_failed(tx, switch, f"skipped: {e.reason}", ())
 
 

@@ -31,6 +31,8 @@ class Kind(enum.StrEnum):
     PREFETCH = "prefetch"
     SNAPSHOT_DONE = "snapshot_done"
     RESTORE_DONE = "restore_done"
+    SPILL_DONE = "spill_done"
+    FILL_DONE = "fill_done"
 
 
 @dataclass(frozen=True, slots=True)

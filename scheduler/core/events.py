@@ -87,6 +87,11 @@ class MoveKind(StrEnum):
     """Device to host: the job is parked there."""
     RESTORE = "restore"
     """Host to device: the job is resident there again."""
+    SPILL = "spill"
+    """Host memory to the agent's disk tier: parked bytes of the job on disk (a move the
+    agent made to keep its host budget, told in a snapshot's or restore's answer)."""
+    FILL = "fill"
+    """The agent's disk tier back to host memory: the job is parked in host memory again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +145,13 @@ class SwitchFailed:
 
 @dataclass(frozen=True, slots=True)
 class PrefetchSkipped:
-    """A prefetch was not run: the waiter does not fit beside the holder (nothing moved)."""
+    """A prefetch was not run: the waiter does not fit beside the holder (nothing moved
+    onto the devices; `moves`: what the agents read back from disk into host memory for
+    it instead, and spilled to make room, see `MoveKind.FILL`)."""
 
     epoch: int
     reason: str
+    moves: tuple[NodeMove, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

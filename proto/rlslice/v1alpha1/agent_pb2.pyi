@@ -189,6 +189,7 @@ class MoveResult(google.protobuf.message.Message):
     ABSENT_FIELD_NUMBER: builtins.int
     EPOCH_FIELD_NUMBER: builtins.int
     BACKEND_FIELD_NUMBER: builtins.int
+    TIER_MOVES_FIELD_NUMBER: builtins.int
     job: builtins.str
     """Job id."""
     state: global___AgentJobState.ValueType
@@ -205,6 +206,12 @@ class MoveResult(google.protobuf.message.Message):
     """The epoch the result belongs to."""
     backend: builtins.str
     """Backend that did the work."""
+    @property
+    def tier_moves(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___TierMove]:
+        """Parked bytes the call moved between host memory and the disk tier (of any job); in a
+        SwitchResult, on the incoming job's result (without one, on the first outgoing one).
+        """
+
     def __init__(
         self,
         *,
@@ -216,10 +223,87 @@ class MoveResult(google.protobuf.message.Message):
         absent: builtins.bool = ...,
         epoch: builtins.int = ...,
         backend: builtins.str = ...,
+        tier_moves: collections.abc.Iterable[global___TierMove] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["absent", b"absent", "backend", b"backend", "bytes", b"bytes", "epoch", b"epoch", "job", b"job", "repeated", b"repeated", "seconds", b"seconds", "state", b"state"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["absent", b"absent", "backend", b"backend", "bytes", b"bytes", "epoch", b"epoch", "job", b"job", "repeated", b"repeated", "seconds", b"seconds", "state", b"state", "tier_moves", b"tier_moves"]) -> None: ...
 
 global___MoveResult = MoveResult
+
+@typing.final
+class TierMove(google.protobuf.message.Message):
+    """Parked bytes of one job moved between host memory and the spill directory on one node."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: builtins.int
+    DIRECTION_FIELD_NUMBER: builtins.int
+    BYTES_FIELD_NUMBER: builtins.int
+    SECONDS_FIELD_NUMBER: builtins.int
+    job: builtins.str
+    """Job whose parts moved."""
+    direction: builtins.str
+    """"spill" (host memory to disk) or "fill" (disk to host memory)."""
+    bytes: builtins.int
+    """Bytes moved."""
+    seconds: builtins.float
+    """Seconds the move took."""
+    def __init__(
+        self,
+        *,
+        job: builtins.str = ...,
+        direction: builtins.str = ...,
+        bytes: builtins.int = ...,
+        seconds: builtins.float = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "direction", b"direction", "job", b"job", "seconds", b"seconds"]) -> None: ...
+
+global___TierMove = TierMove
+
+@typing.final
+class PrefetchRequest(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: builtins.int
+    GROUP_FIELD_NUMBER: builtins.int
+    job: builtins.str
+    group: builtins.str
+    def __init__(
+        self,
+        *,
+        job: builtins.str = ...,
+        group: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["group", b"group", "job", b"job"]) -> None: ...
+
+global___PrefetchRequest = PrefetchRequest
+
+@typing.final
+class PrefetchResult(google.protobuf.message.Message):
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: builtins.int
+    FILLED_BYTES_FIELD_NUMBER: builtins.int
+    TIER_MOVES_FIELD_NUMBER: builtins.int
+    job: builtins.str
+    """Job id."""
+    filled_bytes: builtins.int
+    """Bytes of the job read back from disk into host memory."""
+    @property
+    def tier_moves(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___TierMove]:
+        """Every move between host memory and the disk tier the call made (spills to make room
+        for the job, then its fills).
+        """
+
+    def __init__(
+        self,
+        *,
+        job: builtins.str = ...,
+        filled_bytes: builtins.int = ...,
+        tier_moves: collections.abc.Iterable[global___TierMove] | None = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["filled_bytes", b"filled_bytes", "job", b"job", "tier_moves", b"tier_moves"]) -> None: ...
+
+global___PrefetchResult = PrefetchResult
 
 @typing.final
 class ReleaseRequest(google.protobuf.message.Message):

@@ -65,6 +65,11 @@ class AgentStub(object):
                 request_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchRequest.SerializeToString,
                 response_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchResult.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/rlslice.v1alpha1.Agent/Prefetch',
+                request_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.PrefetchResult.FromString,
+                _registered_method=True)
 
 
 class AgentServicer(object):
@@ -120,6 +125,16 @@ class AgentServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Reads a parked job's spilled parts back from the disk tier into host memory ahead of
+        its restore (the job is the next waiter; its holder runs meanwhile), within the host
+        budget: other parked jobs' parts may spill for it, least recently used first. Nothing
+        moves onto the devices; a job with nothing on disk, or not parked here, moves nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +167,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Switch,
                     request_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchRequest.FromString,
                     response_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.SwitchResult.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=rlslice_dot_v1alpha1_dot_agent__pb2.PrefetchRequest.FromString,
+                    response_serializer=rlslice_dot_v1alpha1_dot_agent__pb2.PrefetchResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +337,33 @@ class Agent(object):
             '/rlslice.v1alpha1.Agent/Switch',
             rlslice_dot_v1alpha1_dot_agent__pb2.SwitchRequest.SerializeToString,
             rlslice_dot_v1alpha1_dot_agent__pb2.SwitchResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlslice.v1alpha1.Agent/Prefetch',
+            rlslice_dot_v1alpha1_dot_agent__pb2.PrefetchRequest.SerializeToString,
+            rlslice_dot_v1alpha1_dot_agent__pb2.PrefetchResult.FromString,
             options,
             channel_credentials,
             insecure,

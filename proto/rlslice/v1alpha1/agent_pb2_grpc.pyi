@@ -67,6 +67,16 @@ class AgentStub:
     Repeating a call with the same epoch returns the first call's results.
     """
 
+    Prefetch: grpc.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.agent_pb2.PrefetchRequest,
+        rlslice.v1alpha1.agent_pb2.PrefetchResult,
+    ]
+    """Reads a parked job's spilled parts back from the disk tier into host memory ahead of
+    its restore (the job is the next waiter; its holder runs meanwhile), within the host
+    budget: other parked jobs' parts may spill for it, least recently used first. Nothing
+    moves onto the devices; a job with nothing on disk, or not parked here, moves nothing.
+    """
+
 class AgentAsyncStub:
     """Called by the scheduler's coordinator (TCP, authenticated)."""
 
@@ -114,6 +124,16 @@ class AgentAsyncStub:
     bytes are still leaving. All or nothing on this node: a failed half undoes both (the
     outgoing jobs run on, the incoming job stays parked) and `failure` says which.
     Repeating a call with the same epoch returns the first call's results.
+    """
+
+    Prefetch: grpc.aio.UnaryUnaryMultiCallable[
+        rlslice.v1alpha1.agent_pb2.PrefetchRequest,
+        rlslice.v1alpha1.agent_pb2.PrefetchResult,
+    ]
+    """Reads a parked job's spilled parts back from the disk tier into host memory ahead of
+    its restore (the job is the next waiter; its holder runs meanwhile), within the host
+    budget: other parked jobs' parts may spill for it, least recently used first. Nothing
+    moves onto the devices; a job with nothing on disk, or not parked here, moves nothing.
     """
 
 class AgentServicer(metaclass=abc.ABCMeta):
@@ -175,6 +195,18 @@ class AgentServicer(metaclass=abc.ABCMeta):
         bytes are still leaving. All or nothing on this node: a failed half undoes both (the
         outgoing jobs run on, the incoming job stays parked) and `failure` says which.
         Repeating a call with the same epoch returns the first call's results.
+        """
+
+    @abc.abstractmethod
+    def Prefetch(
+        self,
+        request: rlslice.v1alpha1.agent_pb2.PrefetchRequest,
+        context: _ServicerContext,
+    ) -> typing.Union[rlslice.v1alpha1.agent_pb2.PrefetchResult, collections.abc.Awaitable[rlslice.v1alpha1.agent_pb2.PrefetchResult]]:
+        """Reads a parked job's spilled parts back from the disk tier into host memory ahead of
+        its restore (the job is the next waiter; its holder runs meanwhile), within the host
+        budget: other parked jobs' parts may spill for it, least recently used first. Nothing
+        moves onto the devices; a job with nothing on disk, or not parked here, moves nothing.
         """
 
 def add_AgentServicer_to_server(servicer: AgentServicer, server: typing.Union[grpc.Server, grpc.aio.Server]) -> None: ...

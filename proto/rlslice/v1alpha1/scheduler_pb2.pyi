@@ -184,6 +184,11 @@ class _EventKindEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     """A waiter's state was restored ahead of its grant, beside the holder (detail: "done",
     "undone" when the waiter left, or "failed: why").
     """
+    EVENT_KIND_SPILL_DONE: _EventKind.ValueType  # 21
+    """A node's agent moved a job's parked bytes from host memory to its disk tier, or back
+    (detail: the node; seconds and bytes of the move).
+    """
+    EVENT_KIND_FILL_DONE: _EventKind.ValueType  # 22
 
 class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper):
     """What happened in a group."""
@@ -213,6 +218,11 @@ EVENT_KIND_PREFETCH: EventKind.ValueType  # 20
 """A waiter's state was restored ahead of its grant, beside the holder (detail: "done",
 "undone" when the waiter left, or "failed: why").
 """
+EVENT_KIND_SPILL_DONE: EventKind.ValueType  # 21
+"""A node's agent moved a job's parked bytes from host memory to its disk tier, or back
+(detail: the node; seconds and bytes of the move).
+"""
+EVENT_KIND_FILL_DONE: EventKind.ValueType  # 22
 global___EventKind = EventKind
 
 @typing.final
