@@ -50,7 +50,7 @@ from rlslice.snapshot_agent.processes import (
     family,
 )
 from rlslice.snapshot_agent.registry import BackendRegistry
-from rlslice.snapshot_agent.tiering import Tiering
+from rlslice.snapshot_agent.tiering import TieredBackend, Tiering
 
 __all__ = [
     "MAX_EPOCH",
@@ -176,6 +176,32 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
                 self._released(entry, pids)
         await self.refresh_metrics()
         return freed, True
+
+    async def prefetch(self, job: str, group: str) -> int:
+        """Read the spilled parts of parked `job` back into host memory ahead of its restore
+        (`Tiering.prefetch`); bytes read. 0 when it has nothing on disk or is not parked."""
+        validate_id(job, "job")
+        validate_id(group, "group")
+        entry = self.table.entries.get(job)
+        if entry is None:
+            raise NotFoundError(f"job: {job} is not known on node {self.node}")
+        if entry.record.group != group:
+            raise FailedPreconditionError(
+                f"group: job {job} is in group {entry.record.group} on node {self.node}"
+            )
+        async with entry.lock:  # no restore or release of the job meanwhile
+            if entry.record.state is not state.JobState.PARKED:
+                return 0
+            backend = await self.backend(self.backends.serving(entry))
+            if not isinstance(backend, TieredBackend):
+                return 0
+            filled = await self.tiering.prefetch(
+                job, host_free=self._host_memory, reserve=self._reserve
+            )
+        if filled:
+            self._refresh_jobs()
+            await self.refresh_metrics()
+        return filled
 
     def _released(self, entry: JobEntry, pids: tuple[int, ...]) -> None:
         """The table after a job's parked copy was dropped."""

@@ -11,6 +11,7 @@ import grpc
 from rlslice.adapters.auth import Role
 from rlslice.adapters.grpc_errors import answer
 from rlslice.adapters.server import method_roles
+from rlslice.snapshot_agent import tier_moves
 from rlslice.snapshot_agent.engine import AgentEngine, MoveReply, SwitchHalf, SwitchReply
 from rlslice.snapshot_agent.state import JobState, Move
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
@@ -50,9 +51,20 @@ def _timeout(context: Context) -> float:
     return max(0.0, remaining - 0.05)  # leave time to send the answer
 
 
-def move_result(reply: MoveReply) -> agent_pb2.MoveResult:
-    """The wire form of a move's answer."""
+def tier_moves_pb(moves: list[tier_moves.TierMove]) -> list[agent_pb2.TierMove]:
+    """The wire form of the disk tier's moves."""
+    return [
+        agent_pb2.TierMove(job=m.job, direction=m.direction, bytes=m.nbytes, seconds=m.seconds)
+        for m in moves
+    ]
+
+
+def move_result(
+    reply: MoveReply, moved: list[tier_moves.TierMove] | None = None
+) -> agent_pb2.MoveResult:
+    """The wire form of a move's answer (with the tier moves it made, if any)."""
     return agent_pb2.MoveResult(
+        tier_moves=tier_moves_pb(moved or []),
         job=reply.job,
         state=STATE_TO_PROTO.get(reply.state, 0) if reply.state else 0,  # type: ignore[arg-type]
         bytes=reply.bytes,
@@ -68,15 +80,22 @@ def _half(move: agent_pb2.SwitchMove) -> SwitchHalf:
     return SwitchHalf(move.job, move.backend, dict(move.options), tuple(move.discard_tags))
 
 
-def switch_result(reply: SwitchReply) -> agent_pb2.SwitchResult:
-    """The wire form of a Switch's answer."""
+def switch_result(
+    reply: SwitchReply, moved: list[tier_moves.TierMove] | None = None
+) -> agent_pb2.SwitchResult:
+    """The wire form of a Switch's answer; the tier moves go on the incoming job's result
+    (on the first outgoing one without an incoming job), once."""
+    on_incoming = reply.incoming is not None
     result = agent_pb2.SwitchResult(
-        outgoing=[move_result(r) for r in reply.outgoing],
+        outgoing=[
+            move_result(r, None if on_incoming or i else moved)
+            for i, r in enumerate(reply.outgoing)
+        ],
         seconds=reply.seconds,
         overlapped=reply.overlapped,
     )
     if reply.incoming is not None:
-        result.incoming.CopyFrom(move_result(reply.incoming))
+        result.incoming.CopyFrom(move_result(reply.incoming, moved))
     if reply.failure is not None:
         failure = reply.failure
         result.failure.CopyFrom(
@@ -91,7 +110,7 @@ def switch_result(reply: SwitchReply) -> agent_pb2.SwitchResult:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
-    """Snapshot, Restore, Switch, Release, Status, Probe."""
+    """Snapshot, Restore, Switch, Prefetch, Release, Status, Probe."""
 
     def __init__(self, engine: AgentEngine) -> None:
         self._engine = engine
@@ -116,17 +135,18 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         tags = tuple(request.discard_tags) if isinstance(request, agent_pb2.SnapshotRequest) else ()
 
         async def work() -> agent_pb2.MoveResult:
-            reply = await self._engine.move(
-                move,
-                request.job,
-                request.group,
-                request.epoch,
-                backend=request.backend,
-                options=dict(request.options),
-                discard_tags=tags,
-                timeout=_timeout(context),
-            )
-            return move_result(reply)
+            with tier_moves.recording() as moved:
+                reply = await self._engine.move(
+                    move,
+                    request.job,
+                    request.group,
+                    request.epoch,
+                    backend=request.backend,
+                    options=dict(request.options),
+                    discard_tags=tags,
+                    timeout=_timeout(context),
+                )
+            return move_result(reply, moved)
 
         return await _answer(context, work)
 
@@ -135,15 +155,28 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     ) -> agent_pb2.SwitchResult:
         async def work() -> agent_pb2.SwitchResult:
             incoming = request.incoming if request.HasField("incoming") else None
-            reply = await self._engine.switch(
-                request.group,
-                request.epoch,
-                [_half(m) for m in request.outgoing],
-                _half(incoming) if incoming is not None and incoming.job else None,
-                headroom_bytes=max(0, request.headroom_bytes),
-                timeout=_timeout(context),
+            with tier_moves.recording() as moved:
+                reply = await self._engine.switch(
+                    request.group,
+                    request.epoch,
+                    [_half(m) for m in request.outgoing],
+                    _half(incoming) if incoming is not None and incoming.job else None,
+                    headroom_bytes=max(0, request.headroom_bytes),
+                    timeout=_timeout(context),
+                )
+            return switch_result(reply, moved)
+
+        return await _answer(context, work)
+
+    async def Prefetch(
+        self, request: agent_pb2.PrefetchRequest, context: Context
+    ) -> agent_pb2.PrefetchResult:
+        async def work() -> agent_pb2.PrefetchResult:
+            with tier_moves.recording() as moved:
+                filled = await self._engine.prefetch(request.job, request.group)
+            return agent_pb2.PrefetchResult(
+                job=request.job, filled_bytes=filled, tier_moves=tier_moves_pb(moved)
             )
-            return switch_result(reply)
 
         return await _answer(context, work)
 

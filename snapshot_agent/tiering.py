@@ -7,6 +7,13 @@ the spill directory (`--spill-dir`, through `spill`); a park that cannot fit eve
 whose spill finds the disk full, is refused before anything moves, and nothing already
 parked is lost. A restore first fills the job's spilled parts back into host memory
 (making room the same way), verified, so the backend sees its parked copy as it left it.
+`prefetch` does the same ahead of time, while the holder runs, for the next waiter: its
+restore then reads nothing from disk, and the job counts as just used, so a park that needs
+room spills other parked jobs' parts before its own.
+
+Every spill and fill is counted (`metrics`) and told to whoever is recording in the calling
+context (`tier_moves.recording()`: the agent's RPCs, whose answers carry the moves for the
+timeline's spill lane), one `TierMove` per job and direction.
 
 Where each part is, is written in the tier index, one JSON file per job beside its spill
 files (`<spill-dir>/<node>/<job>/index.json`, fsynced before the host copy is dropped), so
@@ -26,12 +33,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from rlslice._errors import ResourceExhaustedError
-from rlslice.snapshot_agent import spill, spill_choice
+from rlslice.snapshot_agent import spill, spill_choice, tier_moves
 from rlslice.snapshot_agent.backends.base import (
     Backend,
     BackendError,
@@ -73,6 +80,7 @@ class Tiering:
         self._index: dict[str, dict[str, spill.SpillRecord]] = {}
         self._reserved: dict[str, int] = {}
         self._busy: dict[str, int] = {}  # jobs whose parked copy a move is reading now
+        self._used: dict[str, float] = {}  # job -> when a prefetch filled it (Unix time)
         self.lock = asyncio.Lock()
         """Held while parts spill or fill, and while a tiered job is released."""
 
@@ -161,7 +169,7 @@ class Tiering:
         if self._backend is None:
             return found
         for job in self._backend.parked_jobs():
-            since = self._backend.parked_since(job)
+            since = max(self._backend.parked_since(job), self._used.get(job, 0.0))
             away = self._index.get(job, {})
             for path in self._backend.parked_parts(job):
                 if path.name in away:
@@ -267,11 +275,43 @@ class Tiering:
             target.unlink(missing_ok=True)
             raise spill.failure(error, "index write", target.parent / INDEX) from error
         source.unlink()  # only now: the index says where the bytes are
-        self._observe("spill", part.nbytes, time.perf_counter() - started)
+        self._observe(part.job, "spill", part.nbytes, time.perf_counter() - started)
         log.info("spill: %s of job %s to %s", part.name, part.job, target)
 
-    async def fill(self, job: str, *, keep: frozenset[str] = frozenset()) -> int:
+    async def prefetch(
+        self, job: str, *, host_free: Callable[[], int] = lambda: 1 << 62, reserve: int = 0
+    ) -> int:
+        """Fill `job` ahead of its restore (it is the next waiter): its spilled parts back
+        into host memory, other jobs' parts spilled first if the budget or the reserve
+        needs it (never below the reserve: ResourceExhaustedError, and nothing of `job`
+        moved); bytes read. The job counts as just used, so it is the last to spill."""
+        total = self.disk_bytes(job)
+        if not total:
+            return 0
+        self._used[job] = time.time()
+
+        def check() -> None:
+            if host_free() - total < reserve:
+                raise ResourceExhaustedError(
+                    f"prefetch of job {job}: {format_bytes(total)} would leave host memory "
+                    f"below the reserve of {format_bytes(reserve)}"
+                )
+
+        shortfall = total + reserve - host_free()
+        with self.busy([job]):
+            return await self.fill(job, shortfall=shortfall, check=check)
+
+    async def fill(
+        self,
+        job: str,
+        *,
+        keep: frozenset[str] = frozenset(),
+        shortfall: int = 0,
+        check: Callable[[], None] = lambda: None,
+    ) -> int:
         """Bring every spilled part of `job` back into host memory, verified; bytes read.
+        Room is made first, spilling at least `shortfall` bytes of other jobs; `check`
+        then refuses (raises) before anything of `job` moves.
 
         SpillFileError (a BackendError naming the file) when a spill file is missing, torn
         or damaged: the job's restore fails with that reason."""
@@ -282,9 +322,10 @@ class Tiering:
             records = dict(self._index.get(job, {}))
             total = sum(r.length for r in records.values())
             try:
-                await self._make_room(job, total, keep | {job})
+                await self._make_room(job, total, keep | {job}, shortfall=shortfall)
             except ResourceExhaustedError as error:
                 raise BackendError(f"fill of job {job}: {error}") from error
+            check()
             targets = {p.name: p for p in self._parts(job)}
             for name, record in sorted(records.items()):
                 started = time.perf_counter()
@@ -294,18 +335,20 @@ class Tiering:
                 del self._index[job][name]
                 await asyncio.to_thread(self._write_index, job)
                 await asyncio.to_thread(_unlink, record.file)  # in host memory again
-                self._observe("fill", record.length, time.perf_counter() - started)
+                self._observe(job, "fill", record.length, time.perf_counter() - started)
             return total
 
     def forget(self, job: str) -> int:
         """Drop the job's spill files (its parked copy is released); bytes freed."""
         records = self._index.pop(job, {})
+        self._used.pop(job, None)
         if self.root is not None:
             shutil.rmtree(self._job_dir(job), ignore_errors=True)
         self._reserved.pop(job, None)
         return sum(r.length for r in records.values())
 
-    def _observe(self, direction: str, nbytes: int, seconds: float) -> None:
+    def _observe(self, job: str, direction: str, nbytes: int, seconds: float) -> None:
+        tier_moves.tell(job, direction, nbytes, seconds)
         if self.metrics is None:
             return
         histogram = (
