@@ -556,7 +556,11 @@ def test_the_operator_reads_every_variable_the_chart_sets(
         args = _parse(_cmd.configure, env, monkeypatch)
         for name, value in env.items():
             dest = name.removeprefix("RLSLICE_OPERATOR_").lower()
-            assert getattr(args, dest) == value, name
+            # The flags are typed: the variable parses to what its flag given that text does.
+            given = argparse.ArgumentParser()
+            _cmd.configure(given)
+            flag = "--" + dest.replace("_", "-")
+            assert getattr(args, dest) == getattr(given.parse_args([flag, value]), dest), name
     assert env_of(find(request.getfixturevalue(which), "Deployment", "operator"))[
         "RLSLICE_NAMESPACE"
     ] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
