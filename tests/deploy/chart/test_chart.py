@@ -543,6 +543,13 @@ def _parse(
     return parser.parse_args([])
 
 
+def _as_flag(configure: Any, dest: str, value: str) -> Any:
+    """What `--DEST VALUE` on the command line parses to: the flags are typed."""
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return getattr(parser.parse_args(["--" + dest.replace("_", "-"), value]), dest)
+
+
 @pytest.mark.parametrize("which", ["default_objects", "full_objects"])
 def test_the_operator_reads_every_variable_the_chart_sets(
     which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
@@ -556,11 +563,7 @@ def test_the_operator_reads_every_variable_the_chart_sets(
         args = _parse(_cmd.configure, env, monkeypatch)
         for name, value in env.items():
             dest = name.removeprefix("RLSLICE_OPERATOR_").lower()
-            # The flags are typed: the variable parses to what its flag given that text does.
-            given = argparse.ArgumentParser()
-            _cmd.configure(given)
-            flag = "--" + dest.replace("_", "-")
-            assert getattr(args, dest) == getattr(given.parse_args([flag, value]), dest), name
+            assert getattr(args, dest) == _as_flag(_cmd.configure, dest, value), name
     assert env_of(find(request.getfixturevalue(which), "Deployment", "operator"))[
         "RLSLICE_NAMESPACE"
     ] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
@@ -590,8 +593,11 @@ def test_the_agent_reads_every_variable_the_chart_sets(
     for name, value in env.items():
         dest = AGENT_RENAMED.get(name, name.removeprefix("RLSLICE_AGENT_").lower())
         parsed = getattr(args, dest)
-        # A switch's variable parses to a boolean; every other flag keeps the text.
-        assert (str(parsed).lower() if isinstance(parsed, bool) else parsed) == value, name
+        # A switch's variable parses to a boolean; every other flag as its flag given the text.
+        if isinstance(parsed, bool):
+            assert str(parsed).lower() == value, name
+        else:
+            assert parsed == _as_flag(_cmd.configure, dest, value), name
     monkeypatch.setenv("NODE_NAME", "ip-10-0-1-7.ec2.internal")  # the downward API
     settings = _cmd.settings_from(args)
     assert settings.backend == env["RLSLICE_AGENT_BACKEND"]
