@@ -1,6 +1,7 @@
 """GroupState <-> plain JSON-able dicts, for every store (SQLite rows, Kubernetes objects).
 
-Versioned by `SCHEMA_VERSION`; `decode_group` refuses a newer version rather than guess.
+Versioned by `SCHEMA_VERSION`; `decode_group` refuses a newer version rather than guess,
+and reads the older ones (schema 1 stored `placement` as its three views).
 Every field of `GroupState`, `JobRecord`, `Waiter` and `Switch` is carried: the field
 lists come from the classes themselves (their slots), and a `GroupState` field this module
 does not say how to encode fails at import, so a new field cannot be dropped unseen.
@@ -14,9 +15,11 @@ from typing import Any
 
 from rlslice.config import GroupSpec
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, SwitchKind, Waiter
+from rlslice.scheduler.core.placement import Location, PlacementMap, place
 
-#: Bump when the encoded shape changes incompatibly.
-SCHEMA_VERSION = 1
+#: Bump when the encoded shape changes incompatibly (and read the older shape in
+#: `decode_group`). 2: `placement` is a list of {job, where, reason}.
+SCHEMA_VERSION = 2
 
 
 _JOB_FIELDS = JobRecord.__slots__
@@ -57,6 +60,31 @@ def _decode_switch(data: dict[str, Any] | None) -> Switch | None:
     return Switch(**{**data, **tuples, "purpose": SwitchKind(data.get("purpose", "grant"))})
 
 
+_RESIDENT, _PARKED, _FAULTED = (
+    w.value for w in (Location.RESIDENT, Location.PARKED, Location.FAULTED)
+)
+
+
+def _encode_placement(placement: PlacementMap) -> list[dict[str, str]]:
+    """Each placed job as {job, where, reason}: resident (least recently used first), then
+    parked (first parked first), then faulted (first faulted first)."""
+    out = [{"job": j, "where": _RESIDENT, "reason": ""} for j in placement.resident]
+    out += [{"job": j, "where": _PARKED, "reason": ""} for j in placement.parked]
+    out += [{"job": j, "where": _FAULTED, "reason": r} for j, r in placement.faulted.items()]
+    return out
+
+
+def _decode_placement(data: list[dict[str, str]]) -> PlacementMap:
+    by_kind: dict[str, list[dict[str, str]]] = {_RESIDENT: [], _PARKED: [], _FAULTED: []}
+    for entry in data:
+        by_kind[entry["where"]].append(entry)
+    return place(
+        (e["job"] for e in by_kind[_RESIDENT]),
+        (e["job"] for e in by_kind[_PARKED]),
+        {e["job"]: e["reason"] for e in by_kind[_FAULTED]},
+    )
+
+
 def _pair(value: Any) -> tuple[str, str] | None:
     return (str(value[0]), str(value[1])) if value else None
 
@@ -80,6 +108,7 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
     "spec": GroupSpec.model_validate,
     "jobs": lambda jobs: {j["name"]: JobRecord(**j) for j in jobs},
     "queue": lambda queue: tuple(Waiter(**w) for w in queue),
+    "placement": _decode_placement,
     "switch": _decode_switch,
     "preempted": frozenset,
     "fencing": tuple,
@@ -87,10 +116,8 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
     "unfit": _pair,
     "acknowledged": _acknowledged,
 }
-#: `placement` is stored as its three views (the shape schema 1 has always had).
-_VIEWS = ("resident", "parked", "faulted")
 
-_covered = {*_PLAIN, *_DECODE, "placement"}
+_covered = {*_PLAIN, *_DECODE}
 if _covered != set(GroupState.__slots__):
     raise TypeError(  # pragma: no cover - a developer's mistake, caught by any import
         "store codec and GroupState disagree on fields: "
@@ -118,9 +145,7 @@ def encode_group(state: GroupState) -> dict[str, Any]:
         "holder": state.holder,
         "holder_since": state.holder_since,
         "queue": [_fields(w, _WAITER_FIELDS) for w in state.queue],
-        "resident": list(state.resident),
-        "parked": list(state.parked),
-        "faulted": dict(state.faulted),
+        "placement": _encode_placement(state.placement),
         "epoch": state.epoch,
         "switch": _encode_switch(state.switch),
         "yield_requested_at": state.yield_requested_at,
@@ -136,17 +161,22 @@ def encode_group(state: GroupState) -> dict[str, Any]:
 
 
 _encoded = set(encode_group(GroupState(GroupSpec(name="codec-check"))))
-if _encoded != {"v", *_PLAIN, *_DECODE, *_VIEWS}:
+if _encoded != {"v", *_PLAIN, *_DECODE}:
     raise TypeError(  # pragma: no cover - a developer's mistake, caught by any import
         f"encode_group and the codec's field lists disagree: {sorted(_encoded)}"
     )
 
 
 def decode_group(data: dict[str, Any]) -> GroupState:
-    """Rebuild a state from `encode_group`'s output. Raises ValueError on a newer schema."""
+    """Rebuild a state from `encode_group`'s output, of this schema or an older one.
+    Raises ValueError on a newer schema."""
     version = data.get("v")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"stored group has schema version {version}, this build reads 1")
+    if version == 1:
+        data = _from_schema_1(data)
+    elif version != SCHEMA_VERSION:
+        raise ValueError(
+            f"stored group has schema version {version}, this build reads 1 to {SCHEMA_VERSION}"
+        )
     values: dict[str, Any] = {name: data[name] for name in _PLAIN}
     for name, decode in _DECODE.items():
         stored = data.get(name)
@@ -154,7 +184,13 @@ def decode_group(data: dict[str, Any]) -> GroupState:
             values[name] = _ADDED_LATER[name]
         else:
             values[name] = decode(data[name])
-    resident, parked, faulted = (data[name] for name in _VIEWS)
-    return GroupState(
-        **values, resident=tuple(resident), parked=tuple(parked), faulted=dict(faulted)
-    )
+    return GroupState(**values)
+
+
+def _from_schema_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A schema 1 group in this schema's shape: its three placement views (`resident`,
+    `parked`, `faulted`) become the one `placement` list, placed as schema 1 read them."""
+    old = dict(data)
+    views = place(old.pop("resident"), old.pop("parked"), dict(old.pop("faulted")))
+    old["placement"] = _encode_placement(views)
+    return old

@@ -20,6 +20,7 @@ from rlslice.config import GroupSpec, JobSpec, Policy
 from rlslice.scheduler import _proto
 from rlslice.scheduler._runtime import EventRing
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, SwitchKind, Waiter
+from rlslice.scheduler.core.placement import place
 from rlslice.scheduler.store.codec import decode_group, encode_group
 from rlslice.v1alpha1 import scheduler_pb2 as pb
 
@@ -74,9 +75,7 @@ def _full_state() -> GroupState:
         holder="e",
         holder_since=11.0,
         queue=(Waiter("c", 3, 10.0, "train", attached=False), Waiter("d", 4, 11.0)),
-        resident=("b", "e"),
-        parked=("a",),
-        faulted={"d": "restore failed", "c": "no room"},
+        placement=place(("b", "e"), ("a",), {"d": "restore failed", "c": "no room"}),
         epoch=7,
         switch=switch,
         yield_requested_at=13.0,

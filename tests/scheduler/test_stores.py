@@ -1,7 +1,9 @@
 """Stores: the codec and the SQLite file.
 
 Cases: a state with every field set (jobs, queue with a detached waiter, resident, parked,
-faulted, a switch in flight, preempted) survives encode/decode exactly; a newer schema is
+faulted, a switch in flight, preempted) survives encode/decode exactly; the placement is
+stored as its jobs in order; a group stored by schema 1 (the placement as three views)
+decodes to the same state, from the codec and from an SQLite file; a newer schema is
 refused; SQLite keeps groups and agents across a reopen, deletes, writes at once without an
 event loop, and batches saves made in one loop iteration into one write of the newest
 state; a file from a newer build is refused; WAL mode is on; both stores satisfy `Store`.
@@ -10,13 +12,17 @@ state; a file from a newer build is refused; WAL mode is on; both stores satisfy
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rlslice.config import GroupSpec, JobSpec, Policy
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
+from rlslice.scheduler.core.placement import place
 from rlslice.scheduler.store import AgentRecord, MemoryStore, SQLiteStore, Store
 from rlslice.scheduler.store.codec import decode_group, encode_group
 
@@ -39,9 +45,7 @@ def _rich_state(epoch: int = 7) -> GroupState:
         jobs=jobs,
         holder=None,
         queue=(Waiter("c", 3, 10.0, "train"), Waiter("d", 4, 11.0, attached=False)),
-        resident=("e",),
-        parked=("a",),
-        faulted={"d": "restore failed"},
+        placement=place(("e",), ("a",), {"d": "restore failed"}),
         epoch=epoch,
         switch=Switch("b", 5, 9.0, ("e",), ("x",), True, epoch - 1, epoch, 2, 12.0, "e", 3.0),
         yield_requested_at=None,
@@ -62,6 +66,41 @@ def test_a_newer_schema_is_refused() -> None:
     data["v"] = 99
     with pytest.raises(ValueError, match="schema version 99"):
         decode_group(data)
+
+
+def test_the_placement_is_stored_as_its_jobs_in_order() -> None:
+    state = replace(_rich_state(), placement=place(("e", "b"), ("a",), {"d": "restore failed"}))
+    assert encode_group(state)["placement"] == [
+        {"job": "e", "where": "resident", "reason": ""},
+        {"job": "b", "where": "resident", "reason": ""},
+        {"job": "a", "where": "parked", "reason": ""},
+        {"job": "d", "where": "faulted", "reason": "restore failed"},
+    ]
+    assert decode_group(encode_group(state)).resident == ("e", "b")  # LRU order kept
+
+
+def _stored_by_schema_1(state: GroupState) -> dict[str, Any]:
+    """`_rich_state()` as schema 1 stored it: the placement as its three views."""
+    data = {name: value for name, value in encode_group(state).items() if name != "placement"}
+    return {**data, "v": 1, "resident": ["e"], "parked": ["a"], "faulted": {"d": "restore failed"}}
+
+
+def test_a_group_stored_by_schema_1_decodes_to_the_same_state() -> None:
+    state = _rich_state()
+    assert decode_group(_stored_by_schema_1(state)) == state
+
+
+async def test_sqlite_loads_a_file_written_by_schema_1(tmp_path: Path) -> None:
+    await SQLiteStore(tmp_path / "s.db").close()
+    db = sqlite3.connect(tmp_path / "s.db")
+    db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    text = json.dumps(_stored_by_schema_1(_rich_state()))
+    db.execute("INSERT INTO groups VALUES ('g', ?)", (text,))
+    db.commit()
+    db.close()
+    store = SQLiteStore(tmp_path / "s.db")
+    assert (await store.load()).groups == {"g": _rich_state()}
+    await store.close()
 
 
 async def test_sqlite_keeps_groups_and_agents_across_a_reopen(tmp_path: Path) -> None:
