@@ -24,18 +24,12 @@ def _park(tx: _Tx, evicted: tuple[str, ...]) -> None:
 
 def _place_resident(tx: _Tx, job: str) -> None:
     """`job` is on the GPUs now, the most recently used (it leaves any other place)."""
-    s = tx.s
-    resident = (*(j for j in s.resident if j != job), job)
-    tx.set(placement=s.placement.with_views(resident=resident))
+    tx.set(placement=tx.s.placement.with_resident(job))
 
 
 def _place_parked(tx: _Tx, jobs: list[str]) -> None:
     """`jobs` are in host DRAM now, after those parked before (leaving any other place)."""
-    s = tx.s
-    parked = s.parked
-    tx.set(
-        placement=s.placement.with_views(parked=(*parked, *(j for j in jobs if j not in parked)))
-    )
+    tx.set(placement=tx.s.placement.park(jobs))
 
 
 def _end_hold(tx: _Tx) -> float:

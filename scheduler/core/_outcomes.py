@@ -175,7 +175,7 @@ def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
         return
     s = tx.s
     if switch.incoming in s.jobs:
-        tx.set(placement=s.placement.with_views(faulted={**s.faulted, switch.incoming: e.reason}))
+        tx.set(placement=s.placement.fault(switch.incoming, e.reason))
         tx.record(Kind.FAULTED, switch.incoming, e.reason)
     reason = f"restore of job {switch.incoming!r} failed: {e.reason}; the job is FAULTED"
     _fail_switch(tx, switch, FailedPreconditionError, reason)

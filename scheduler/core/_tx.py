@@ -20,18 +20,11 @@ _new = object.__new__
 _setattr = object.__setattr__
 
 
-_VIEWS = frozenset(("resident", "parked", "faulted"))
-
-
 def _evolve(state: GroupState, changes: dict[str, Any]) -> GroupState:
     """`dataclasses.replace(state, **changes)`, about three times faster: every transition
     makes a few of these. GroupState has no `__post_init__` and every field is an init
-    field, so filling the slots directly builds the same value `replace` would. The
-    placement views (`resident`, `parked`, `faulted`) are taken as `GroupState` takes them."""
-    if not _VIEWS.isdisjoint(changes):
-        changes = dict(changes)
-        views = {name: changes.pop(name) for name in _VIEWS & changes.keys()}
-        changes["placement"] = changes.get("placement", state.placement).with_views(**views)
+    field, so filling the slots directly builds the same value `replace` would. Where jobs
+    are placed changes through `placement` (a `PlacementMap` operation), never its views."""
     unknown = changes.keys() - _STATE_FIELD_SET
     if unknown:
         raise TypeError(f"GroupState has no field {sorted(unknown)[0]!r}")

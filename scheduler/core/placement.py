@@ -3,7 +3,9 @@
 One map, so no job is ever in two places; the views a state is read through (`resident`
 in LRU order, `parked`, `faulted`) are computed once, when a map is built, and shared by
 every state that keeps the map. Ranks are canonical (0, 1, ... per kind, in the kind's
-order), so two maps with the same views are equal.
+order), so two maps with the same views are equal. A map is built from its views with
+`place` and changed only through its operations (`with_resident`, `park`, `fault`,
+`without`), each a new map.
 """
 
 from __future__ import annotations
@@ -74,27 +76,35 @@ class PlacementMap(Mapping[str, Placement]):
             f"PlacementMap(resident={self.resident}, parked={self.parked}, faulted={self.faulted})"
         )
 
-    def with_views(
-        self,
-        resident: Iterable[str] | None = None,
-        parked: Iterable[str] | None = None,
-        faulted: Mapping[str, str] | None = None,
-    ) -> PlacementMap:
-        """This map with the given views replaced: a job in a given view is placed there
-        (leaving any other place it had); a view not given keeps its other jobs."""
-        given: dict[Location, list[tuple[str, str]] | None] = {
-            Location.RESIDENT: None if resident is None else [(j, "") for j in resident],
-            Location.PARKED: None if parked is None else [(j, "") for j in parked],
-            Location.FAULTED: None if faulted is None else list(faulted.items()),
-        }
-        kept = {
-            Location.RESIDENT: [(j, "") for j in self.resident],
-            Location.PARKED: [(j, "") for j in self.parked],
-            Location.FAULTED: list(self.faulted.items()),
-        }
-        groups = [(w, kept[w]) for w, jobs in given.items() if jobs is None]
-        groups += [(w, jobs) for w, jobs in given.items() if jobs is not None]
-        return _assign(groups)
+    def with_resident(self, job: str) -> PlacementMap:
+        """This map with `job` on the GPUs, the most recently used (leaving any other
+        place it had)."""
+        return place(
+            (*(j for j in self.resident if j != job), job),
+            (j for j in self.parked if j != job),
+            {j: r for j, r in self.faulted.items() if j != job},
+        )
+
+    def park(self, jobs: Iterable[str]) -> PlacementMap:
+        """This map with `jobs` in host DRAM, after those parked before (a job parked
+        already keeps its rank; the others leave any other place they had)."""
+        parked = self.parked
+        moved = [j for j in jobs if j not in parked]
+        gone = set(moved)
+        return place(
+            (j for j in self.resident if j not in gone),
+            (*parked, *moved),
+            {j: r for j, r in self.faulted.items() if j not in gone},
+        )
+
+    def fault(self, job: str, reason: str) -> PlacementMap:
+        """This map with `job` faulted for `reason`, after those faulted before (a job
+        faulted already keeps its rank and takes the new reason; leaving any other place)."""
+        return place(
+            (j for j in self.resident if j != job),
+            (j for j in self.parked if j != job),
+            {**self.faulted, job: reason},
+        )
 
     def without(self, job: str) -> PlacementMap:
         """This map with `job` placed nowhere."""

@@ -10,11 +10,11 @@ through the views `resident` (least recently used first), `parked` and `faulted`
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rlslice.config import GroupSpec
-from rlslice.scheduler.core.placement import EMPTY, Location, Placement, PlacementMap
+from rlslice.scheduler.core.placement import EMPTY, Location, PlacementMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +109,8 @@ class Switch:
 class GroupState:
     """Everything the scheduler knows about one group.
 
-    Built with `placement`, or (as stored data and older callers do) with the views
-    `resident`, `parked` and `faulted`, which then override the placement's."""
+    Where jobs are placed is `placement` alone (build one from the views with
+    `placement.place`); `resident`, `parked` and `faulted` only read it."""
 
     spec: GroupSpec
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)
@@ -140,41 +140,6 @@ class GroupState:
     """(holder, epoch) whose client was answered ALREADY_EXISTS for an Acquire it re-issued
     (it lost the grant's answer): that client knows it holds, so a late `LostGrant` for the
     same hold is ignored. Cleared when the hold ends."""
-
-    def __init__(
-        self,
-        spec: GroupSpec,
-        jobs: Mapping[str, JobRecord] | None = None,
-        holder: str | None = None,
-        holder_since: float = 0.0,
-        queue: tuple[Waiter, ...] = (),
-        placement: Mapping[str, Placement] | None = None,
-        epoch: int = 0,
-        switch: Switch | None = None,
-        yield_requested_at: float | None = None,
-        preempted: frozenset[str] = frozenset(),
-        switches: int = 0,
-        last_switch_seconds: float = 0.0,
-        last_switch_at: float = 0.0,
-        prefetched: tuple[str, ...] = (),
-        unfit: tuple[str, str] | None = None,
-        fencing: tuple[str, ...] = (),
-        acknowledged: tuple[str, int] | None = None,
-        *,
-        resident: Iterable[str] | None = None,
-        parked: Iterable[str] | None = None,
-        faulted: Mapping[str, str] | None = None,
-    ) -> None:
-        placed = placement if isinstance(placement, PlacementMap) else PlacementMap(placement)
-        if resident is not None or parked is not None or faulted is not None:
-            placed = placed.with_views(resident, parked, faulted)
-        values = (
-            spec, {} if jobs is None else jobs, holder, holder_since, queue, placed, epoch,
-            switch, yield_requested_at, preempted, switches, last_switch_seconds,
-            last_switch_at, prefetched, unfit, fencing, acknowledged,
-        )  # fmt: skip
-        for name, value in zip(GroupState.__slots__, values, strict=True):
-            object.__setattr__(self, name, value)
 
     @property
     def name(self) -> str:

@@ -16,13 +16,14 @@ from hypothesis import strategies as st
 from rlslice.config import GroupSpec, Policy
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
 from rlslice.scheduler.core._tx import _evolve
+from rlslice.scheduler.core.placement import place
 
 BASE = GroupState(
     spec=GroupSpec(name="g"),
     jobs={"a": JobRecord("a", "l", "h", 10.0, 20.0)},
     holder="a",
     queue=(Waiter("b", 1, 3.0),),
-    resident=("a",),
+    placement=place(("a",)),
 )
 names = st.text("abc", min_size=1, max_size=2)
 changes = st.fixed_dictionaries(
@@ -33,9 +34,7 @@ changes = st.fixed_dictionaries(
         "holder": st.none() | names,
         "holder_since": st.floats(allow_nan=False),
         "queue": st.lists(st.builds(Waiter, names, st.integers(), st.floats(0, 9))).map(tuple),
-        "resident": st.lists(names).map(tuple),
-        "parked": st.lists(names).map(tuple),
-        "faulted": st.dictionaries(names, names),
+        "placement": st.builds(place, st.lists(names), st.lists(names), st.dictionaries(names, names)),
         "epoch": st.integers(0),
         "switch": st.none()
         | st.builds(Switch, names, st.none(), st.just(1.0), st.just(()), st.just(()),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rlslice.config import GroupSpec
 from rlslice.scheduler.core import GroupState, JobRecord, Switch
+from rlslice.scheduler.core.placement import place
 
 SPEC = GroupSpec(name="g")
 
@@ -37,7 +38,7 @@ def test_registered_fenced_placed_holding_and_switching_jobs_are_known_and_no_ot
         spec=SPEC,
         jobs={"reg": _record("reg")},
         holder="held",
-        parked=("placed",),
+        placement=place(parked=("placed",)),
         fencing=("fenced",),
         switch=switch,
     )

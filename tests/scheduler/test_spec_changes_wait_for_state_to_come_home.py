@@ -23,6 +23,7 @@ import pytest
 from rlslice._errors import FailedPreconditionError
 from rlslice.config import GroupSpec, JobSpec, Policy
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, events, step
+from rlslice.scheduler.core.placement import place
 from rlslice.scheduler.core.spec_change import node_change_refusal, spec_change_refusal
 
 from .conftest import Driver
@@ -51,12 +52,14 @@ def _switch(**kw: Any) -> Switch:
 
 PLACEMENTS: dict[str, Callable[[], GroupState]] = {
     "idle": lambda: GroupState(OLD),
-    "holding": lambda: GroupState(OLD, holder="a", resident=("a",)),
-    "resident": lambda: GroupState(OLD, holder="b", resident=("a", "b")),
-    "parked": lambda: GroupState(OLD, holder="b", resident=("b",), parked=("a",)),
-    "faulted": lambda: GroupState(OLD, faulted={"a": "restore failed"}),
-    "mid-switch": lambda: GroupState(OLD, resident=("a",), switch=_switch()),
-    "preempted": lambda: GroupState(OLD, parked=("a",), preempted=frozenset({"a"})),
+    "holding": lambda: GroupState(OLD, holder="a", placement=place(("a",))),
+    "resident": lambda: GroupState(OLD, holder="b", placement=place(("a", "b"))),
+    "parked": lambda: GroupState(OLD, holder="b", placement=place(("b",), ("a",))),
+    "faulted": lambda: GroupState(OLD, placement=place(faulted={"a": "restore failed"})),
+    "mid-switch": lambda: GroupState(OLD, placement=place(("a",)), switch=_switch()),
+    "preempted": lambda: GroupState(
+        OLD, placement=place(parked=("a",)), preempted=frozenset({"a"})
+    ),
 }
 OFF_DEVICE = {"parked", "faulted", "mid-switch", "preempted"}
 
