@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 
 from rlslice._errors import (
+    AbortedError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -195,9 +196,15 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
             backend = await self.backend(self.backends.serving(entry))
             if not isinstance(backend, TieredBackend):
                 return 0
-            filled = await self.tiering.prefetch(
-                job, host_free=self._host_memory, reserve=self._reserve
-            )
+            try:
+                filled = await self.tiering.prefetch(
+                    job, host_free=self._host_memory, reserve=self._reserve
+                )
+            except BackendError as error:  # a spill file missing or damaged
+                log.warning("job %s: prefetch failed: %s", job, error)
+                raise AbortedError(
+                    f"prefetch of job {job} failed (the job stays parked): {error}"
+                ) from error
         if filled:
             self._refresh_jobs()
             await self.refresh_metrics()

@@ -234,7 +234,13 @@ class Tiering:
                     del self._busy[job]
 
     async def _make_room(
-        self, job: str, nbytes: int, keep: frozenset[str], *, shortfall: int = 0
+        self,
+        job: str,
+        nbytes: int,
+        keep: frozenset[str],
+        *,
+        shortfall: int = 0,
+        then: str = "keeps running",
     ) -> None:
         assert self.budget is not None
         keep = keep | frozenset(self._busy)
@@ -255,12 +261,12 @@ class Tiering:
                 "directory is set"
             )
         if plan.refusal is not None:
-            raise ResourceExhaustedError(f"{plan.refusal}; job {job} keeps running")
+            raise ResourceExhaustedError(f"{plan.refusal}; job {job} {then}")
         for part in plan.spill:
             try:
                 await self._spill(part)
             except spill.SpillError as error:
-                raise ResourceExhaustedError(f"{error}; job {job} keeps running") from error
+                raise ResourceExhaustedError(f"{error}; job {job} {then}") from error
 
     async def _spill(self, part: spill_choice.ParkedPart) -> None:
         source = next(p for p in self._parts(part.job) if p.name == part.name)
@@ -281,37 +287,42 @@ class Tiering:
     async def prefetch(
         self, job: str, *, host_free: Callable[[], int] = lambda: 1 << 62, reserve: int = 0
     ) -> int:
-        """Fill `job` ahead of its restore (it is the next waiter): its spilled parts back
-        into host memory, other jobs' parts spilled first if the budget or the reserve
-        needs it (never below the reserve: ResourceExhaustedError, and nothing of `job`
-        moved); bytes read. The job counts as just used, so it is the last to spill."""
-        total = self.disk_bytes(job)
-        if not total:
+        """Fill `job` ahead of its restore (it is the next waiter, its holder runs): its
+        spilled parts back into host memory, verified, other jobs' parts spilled first
+        (least recently used) where the budget or the reserve needs it; bytes read. The job
+        then counts as just used, so it is the last to spill again.
+
+        ResourceExhaustedError when the budget cannot be kept or host memory would fall
+        below `reserve` (nothing of `job` moved: its restore fills from disk as before);
+        SpillFileError when a spill file is missing or damaged (the restore fails so too)."""
+        if not self.disk_bytes(job):
             return 0
-        self._used[job] = time.time()
-
-        def check() -> None:
-            if host_free() - total < reserve:
-                raise ResourceExhaustedError(
-                    f"prefetch of job {job}: {format_bytes(total)} would leave host memory "
-                    f"below the reserve of {format_bytes(reserve)}"
-                )
-
-        shortfall = total + reserve - host_free()
         with self.busy([job]):
-            return await self.fill(job, shortfall=shortfall, check=check)
+            async with self.lock:
+                records = dict(self._index.get(job, {}))
+                total = sum(r.length for r in records.values())
+                try:
+                    await self._make_room(
+                        job,
+                        total,
+                        frozenset({job}),
+                        shortfall=total + reserve - host_free(),
+                        then="stays on disk",
+                    )
+                except ResourceExhaustedError as error:
+                    raise ResourceExhaustedError(f"prefetch of job {job}: {error}") from error
+                if host_free() - total < reserve:
+                    raise ResourceExhaustedError(
+                        f"prefetch of job {job}: {format_bytes(total)} would leave host "
+                        f"memory below the reserve of {format_bytes(reserve)}; its restore "
+                        "reads it from disk"
+                    )
+                await self._fill_parts(job, records)
+        self._used[job] = time.time()
+        return total
 
-    async def fill(
-        self,
-        job: str,
-        *,
-        keep: frozenset[str] = frozenset(),
-        shortfall: int = 0,
-        check: Callable[[], None] = lambda: None,
-    ) -> int:
+    async def fill(self, job: str, *, keep: frozenset[str] = frozenset()) -> int:
         """Bring every spilled part of `job` back into host memory, verified; bytes read.
-        Room is made first, spilling at least `shortfall` bytes of other jobs; `check`
-        then refuses (raises) before anything of `job` moves.
 
         SpillFileError (a BackendError naming the file) when a spill file is missing, torn
         or damaged: the job's restore fails with that reason."""
@@ -322,21 +333,25 @@ class Tiering:
             records = dict(self._index.get(job, {}))
             total = sum(r.length for r in records.values())
             try:
-                await self._make_room(job, total, keep | {job}, shortfall=shortfall)
+                await self._make_room(job, total, keep | {job})
             except ResourceExhaustedError as error:
                 raise BackendError(f"fill of job {job}: {error}") from error
-            check()
-            targets = {p.name: p for p in self._parts(job)}
-            for name, record in sorted(records.items()):
-                started = time.perf_counter()
-                if name not in targets:
-                    raise spill.SpillFileError(f"spill file {record.file}: no parked part {name}")
-                await asyncio.to_thread(spill.read_part, record, targets[name])
-                del self._index[job][name]
-                await asyncio.to_thread(self._write_index, job)
-                await asyncio.to_thread(_unlink, record.file)  # in host memory again
-                self._observe(job, "fill", record.length, time.perf_counter() - started)
+            await self._fill_parts(job, records)
             return total
+
+    async def _fill_parts(self, job: str, records: dict[str, spill.SpillRecord]) -> None:
+        """Read `records` of `job` back into its parked copy, one part at a time, each
+        dropped from the index (and its file removed) once it is whole in host memory."""
+        targets = {p.name: p for p in self._parts(job)}
+        for name, record in sorted(records.items()):
+            started = time.perf_counter()
+            if name not in targets:
+                raise spill.SpillFileError(f"spill file {record.file}: no parked part {name}")
+            await asyncio.to_thread(spill.read_part, record, targets[name])
+            del self._index[job][name]
+            await asyncio.to_thread(self._write_index, job)
+            await asyncio.to_thread(_unlink, record.file)  # in host memory again
+            self._observe(job, "fill", record.length, time.perf_counter() - started)
 
     def forget(self, job: str) -> int:
         """Drop the job's spill files (its parked copy is released); bytes freed."""
