@@ -7,6 +7,7 @@ Case matrix:
 | SPILL_DONE and FILL_DONE events (proto JSON, node in `detail`) | one `[spill]` interval each, `time - seconds` to `time`, named `spill job` / `fill job`, with bytes, node and rate |
 | a spill and a fill that overlap (two nodes at once) | the second goes to `[spill] #2`; the lane order puts both after `[moves]` |
 | the same log as a Chrome trace | a `[spill]` thread holding the intervals, in microseconds from the first event |
+| the same log for the PNG | the plotter gets `spill` and `fill` bars on the `[spill]` lanes |
 | no tier events | no `[spill]` lane |
 """
 
@@ -19,6 +20,7 @@ from rlslice.apps.timeline.trace_export import (
     build_timeline,
     chrome_trace,
     events_from_json,
+    plot_lanes,
 )
 
 MiB = 1 << 20
@@ -74,6 +76,15 @@ def test_the_chrome_trace_has_a_spill_thread_with_its_intervals() -> None:
     assert [(e["name"], e["ts"], e["dur"]) for e in spans] == [
         ("spill c", 1_250_000, 250_000),
         ("fill b", 1_500_000, 500_000),
+    ]
+
+
+def test_the_png_draws_spill_and_fill_bars_on_the_spill_lane() -> None:
+    lanes, _ = plot_lanes(build_timeline(events_from_json(_log())))
+    assert [(lane, kind) for lane, _, _, kind in lanes if lane.startswith(SPILL_LANE)] == [
+        (SPILL_LANE, "spill"),
+        (SPILL_LANE, "fill"),
+        (f"{SPILL_LANE} #2", "fill"),
     ]
 
 
