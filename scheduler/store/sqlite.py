@@ -79,6 +79,12 @@ class SQLiteStore:
                     f"{self.path}: schema version {row[0]} is newer than this build "
                     f"({SCHEMA_VERSION}); use a newer rlslice"
                 )
+            elif int(row[0]) < SCHEMA_VERSION:
+                # The codec reads the older rows; rows written from now on are this
+                # schema's, so an older build must refuse the file.
+                self._db.execute(
+                    "UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),)
+                )
             self._written = dict(self._db.execute("SELECT name, state FROM groups"))
 
     @contextlib.contextmanager

@@ -3,10 +3,10 @@
 Cases: a state with every field set (jobs, queue with a detached waiter, resident, parked,
 faulted, a switch in flight, preempted) survives encode/decode exactly; the placement is
 stored as its jobs in order; a group stored by schema 1 (the placement as three views)
-decodes to the same state, from the codec and from an SQLite file; a newer schema is
-refused; SQLite keeps groups and agents across a reopen, deletes, writes at once without an
-event loop, and batches saves made in one loop iteration into one write of the newest
-state; a file from a newer build is refused; WAL mode is on; both stores satisfy `Store`.
+decodes to the same state, from the codec and from an SQLite file (which is then marked
+schema 2); a newer schema is refused; SQLite keeps groups and agents across a reopen,
+deletes, writes at once without an event loop, and batches saves made in one loop
+iteration into one write of the newest state; a file from a newer build is refused; WAL mode is on; both stores satisfy `Store`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rlslice.config import GroupSpec, JobSpec, Policy
 from rlslice.scheduler.core import GroupState, JobRecord, Switch, Waiter
 from rlslice.scheduler.core.placement import place
 from rlslice.scheduler.store import AgentRecord, MemoryStore, SQLiteStore, Store
-from rlslice.scheduler.store.codec import decode_group, encode_group
+from rlslice.scheduler.store.codec import SCHEMA_VERSION, decode_group, encode_group
 
 
 def _rich_state(epoch: int = 7) -> GroupState:
@@ -90,7 +90,16 @@ def test_a_group_stored_by_schema_1_decodes_to_the_same_state() -> None:
     assert decode_group(_stored_by_schema_1(state)) == state
 
 
-async def test_sqlite_loads_a_file_written_by_schema_1(tmp_path: Path) -> None:
+def _db_version(path: Path) -> str:
+    db = sqlite3.connect(path)
+    (value,) = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    db.close()
+    return str(value)
+
+
+async def test_sqlite_loads_a_file_written_by_schema_1_and_marks_it_schema_2(
+    tmp_path: Path,
+) -> None:
     await SQLiteStore(tmp_path / "s.db").close()
     db = sqlite3.connect(tmp_path / "s.db")
     db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
@@ -101,6 +110,8 @@ async def test_sqlite_loads_a_file_written_by_schema_1(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "s.db")
     assert (await store.load()).groups == {"g": _rich_state()}
     await store.close()
+    # Rows written from now on are schema 2's: the file says so, and an older build refuses it.
+    assert _db_version(tmp_path / "s.db") == str(SCHEMA_VERSION) == "2"
 
 
 async def test_sqlite_keeps_groups_and_agents_across_a_reopen(tmp_path: Path) -> None:
