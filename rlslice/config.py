@@ -100,31 +100,6 @@ def _finite(value: float, field: str) -> float:
     return value
 
 
-class JobSpec(BaseModel):
-    """A job known to a group ahead of time."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    """Job id, a DNS-1123 label."""
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    """For the `priority` policy: higher is served first."""
-    weight: float = Field(default=1.0, gt=0, le=1000)
-    """For the `fair` policy: share of GPU time relative to other jobs."""
-    backend: str = ""
-    """Overrides the group's backend for this job; empty means the group's."""
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_label(cls, value: str) -> str:
-        return validate_id(value, "name")
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str) -> str:
-        return validate_backend(value) if value else value
-
-
 class PhaseSpec(BaseModel):
     """What one phase name of a group is: its kind and how long it usually runs."""
 
@@ -198,6 +173,44 @@ class StatePart(BaseModel):
     def _known_class(cls, value: object) -> object:
         if value not in MOVE_CLASSES:
             raise ValueError(f"move_class: must be one of {', '.join(MOVE_CLASSES)}")
+        return value
+
+
+class JobSpec(BaseModel):
+    """A job known to a group ahead of time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """Job id, a DNS-1123 label."""
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    """For the `priority` policy: higher is served first."""
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    """For the `fair` policy: share of GPU time relative to other jobs."""
+    backend: str = ""
+    """Overrides the group's backend for this job; empty means the group's."""
+    parts: tuple[StatePart, ...] = ()
+    """The job's device state on each node as tagged parts (issue 26): a switch away from
+    it moves only the parts the incoming job needs room for. Empty: it moves whole."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_label(cls, value: str) -> str:
+        return validate_id(value, "name")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        return validate_backend(value) if value else value
+
+    @field_validator("parts")
+    @classmethod
+    def _unique_tags(cls, value: tuple[StatePart, ...]) -> tuple[StatePart, ...]:
+        seen: set[str] = set()
+        for part in value:
+            if part.tag in seen:
+                raise ValueError(f"parts: tag {part.tag!r} is listed twice")
+            seen.add(part.tag)
         return value
 
 
