@@ -16,6 +16,14 @@ these functions return; a node that did not answer is `answered=False`.
   (a job granted before it allocates) counts as taken. No plan (None) when it cannot fit,
   when a node is silent, or when nothing is parked: a prefetch never moves blind.
 
+Partial moves (issue 26): a candidate that declared its parts (`JobSpec.parts`, passed as
+`parts`) and was chosen to make room is planned part by part on each node where it runs
+(`core.parts.plan_parts`): only the parts the incoming job needs room for leave, discards
+first, and `NodeMoves.partial` says which tags to discard and which to offload. It still
+counts as evicted (the scheduler has it parked); its other parts stay on the device. A job
+that declared nothing, one that must go (preempted, fenced), one on a silent node, and one
+whose parts cannot make room there move whole, as before. Prefetches move whole jobs.
+
 A job's bytes are taken as spread evenly over a node's devices, so it fits only where the
 fullest device has room for its share: summing free memory over devices would restore a job
 beside another that fills its device.
@@ -27,6 +35,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from rlslice.config import StatePart
+from rlslice.scheduler.core.parts import PartPlan, plan_parts
 from rlslice.scheduler.core.residency import NodeMemory, choose_evictions
 
 
@@ -64,6 +74,8 @@ class NodeReport:
     """Free bytes of each device."""
     jobs: Mapping[str, JobReport] = field(default_factory=dict)
     """The group's jobs known there."""
+    host_free_bytes: int | None = None
+    """Host memory free for parked state there (None: unknown, taken as no limit)."""
 
     @property
     def free_bytes(self) -> int:
@@ -78,6 +90,9 @@ class NodeMoves:
     node: str
     snapshot: tuple[str, ...] = ()
     restore: str | None = None
+    partial: Mapping[str, PartPlan] = field(default_factory=dict)
+    """Snapshotted jobs that move only some of their parts here: job -> the plan (its
+    `discard` and `offload` tags). A job of `snapshot` not listed moves whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,14 +129,21 @@ def plan_switch(
     *,
     must_evict: Sequence[str] = (),
     headroom_bytes: int = 0,
+    parts: Mapping[str, Sequence[StatePart]] | None = None,
 ) -> MovePlan:
-    """The moves of a switch to `need.job`; see the module docstring."""
+    """The moves of a switch to `need.job`; see the module docstring. `parts`: the parts
+    each job declared (a job not listed, or listed with none, moves whole)."""
     everyone = (*must_evict, *(j for j in candidates if j not in must_evict))
     chosen, _ = _evictions(need, reports, candidates, must_evict, headroom_bytes)
     evict = everyone if chosen is None else chosen
     # A switch resumed after a restart finds some jobs parked already: evicted all the same.
     evict += tuple(j for j in everyone if j not in evict and _parked_somewhere(reports, j))
-    return MovePlan(evict, _node_moves(need, reports, evict))
+    nodes = _node_moves(need, reports, evict)
+    if chosen is not None and parts:
+        splittable = {j: p for j, p in parts.items() if p and j in chosen and j not in must_evict}
+        by_node = {r.node: r for r in reports}
+        nodes = tuple(_split(m, by_node[m.node], need, splittable, headroom_bytes) for m in nodes)
+    return MovePlan(evict, nodes)
 
 
 def plan_prefetch(
@@ -180,18 +202,10 @@ def _evictions(
     for report in reports:
         if not report.answered:
             return None, False
-        mine = report.jobs.get(need.job)
-        if mine is not None and mine.place is Place.RUNNING:
-            # On the device already (a switch resumed after its restore finished, or a job
-            # that allocated before it first acquired): what it holds there counts in the
-            # used memory; only the rest of what it declared is still needed.
-            wanted[report.node] = max(0, need.declared_bytes - mine.device_bytes)
-        elif mine is not None and mine.place in _IN_HOST:
-            wanted[report.node] = mine.host_bytes
-        elif need.declared_bytes:
-            wanted[report.node] = need.declared_bytes
-        elif mine is None or mine.place is not Place.RUNNING:
+        needed = _wanted(need, report)
+        if needed is None:
             return None, False  # how much the incoming job needs is unknown
+        wanted[report.node] = needed
         resident = {job: r.device_bytes for job, r in report.jobs.items()}
         memory.append(NodeMemory(report.node, report.free_bytes, resident))
     chosen = choose_evictions(
@@ -200,6 +214,50 @@ def _evictions(
     freed = {m.node: sum(m.job_bytes.get(j, 0) for j in chosen) for m in memory}
     fit = all(wanted.get(m.node, 0) + headroom <= m.free_bytes + freed[m.node] for m in memory)
     return chosen, fit
+
+
+def _split(
+    moves: NodeMoves,
+    report: NodeReport,
+    need: Need,
+    parts: Mapping[str, Sequence[StatePart]],
+    headroom: int,
+) -> NodeMoves:
+    """`moves` with the jobs of `parts` planned part by part, in eviction order: each frees
+    only what the incoming job still lacks there; one whose parts cannot make room (or whose
+    plan does not fit) moves whole, and the next job is planned with its bytes freed."""
+    wanted = _wanted(need, report)
+    if wanted is None or not any(j in parts for j in moves.snapshot):
+        return moves
+    target = wanted + headroom
+    free = report.free_bytes
+    host = report.host_free_bytes
+    partial: dict[str, PartPlan] = {}
+    for job in moves.snapshot:
+        held = report.jobs[job].device_bytes if job in report.jobs else 0
+        if job in parts:
+            plan = plan_parts(parts[job], target, free, host_free_bytes=host)
+            if plan.fits:
+                partial[job] = plan
+                free += plan.bytes_freed
+                host = None if host is None else host - plan.bytes_copied
+                continue
+        free += held
+        host = None if host is None else max(0, host - held)
+    return replace(moves, partial=partial) if partial else moves
+
+
+def _wanted(need: Need, report: NodeReport) -> int | None:
+    """Device bytes the incoming job still needs on the node of `report`; None: unknown."""
+    mine = report.jobs.get(need.job)
+    if mine is not None and mine.place is Place.RUNNING:
+        # On the device already (a switch resumed after its restore finished, or a job
+        # that allocated before it first acquired): what it holds there counts in the
+        # used memory; only the rest of what it declared is still needed.
+        return max(0, need.declared_bytes - mine.device_bytes)
+    if mine is not None and mine.place in _IN_HOST:
+        return mine.host_bytes
+    return need.declared_bytes or None
 
 
 def _node_moves(
