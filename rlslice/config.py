@@ -139,6 +139,10 @@ class MoveClass(enum.StrEnum):
 
 
 MOVE_CLASSES = tuple(kind.value for kind in MoveClass)
+OFFLOAD_TAGS_OPTION = "offload_tags"
+"""Backend option of a partial snapshot (issue 26): present, it makes the move partial,
+and its value lists the tags to copy to host, comma-separated (the half's `discard_tags`
+are freed, every other part stays on the device). Only backends that split parts take it."""
 MAX_PART_TAG_LENGTH = 63
 
 

@@ -27,6 +27,18 @@ JOBS_DIR = "jobs"
 PARKED_DIR = "parked"
 MANIFEST = "manifest.json"
 _BUFFER = re.compile(r"^d(\d+)-.*\.buf$")
+_TAGGED = re.compile(r"^d\d+-\d+-\d+-(.+)\.buf$")
+
+
+def clean_tag(tag: str) -> str:
+    """`tag` as `rlslice.client.sim` writes it into a buffer's file name."""
+    return re.sub(r"[^a-zA-Z0-9_-]+", "-", tag)[:40] or "buffer"
+
+
+def buffer_tag(path: Path) -> str:
+    """The part a buffer belongs to: the tag its job allocated it with (`alloc(tag=)`)."""
+    match = _TAGGED.fullmatch(path.name)
+    return match.group(1) if match is not None else "buffer"
 
 
 @dataclass(frozen=True)

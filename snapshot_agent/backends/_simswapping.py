@@ -2,7 +2,9 @@
 
 `SimBackend.swap` (from `SwappingMixin`) stops the outgoing jobs, runs every half's copy
 (`_simswap`) in its own worker thread at once, and settles all or nothing: a failed half
-stops the others and is undone, then SwapError names the half.
+stops the others and is undone, then SwapError names the half. A switch with a partial
+half (an outgoing job moving some parts, or an incoming one parked so) runs its halves one
+after the other instead, undone all the same.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from rlslice.config import OFFLOAD_TAGS_OPTION
 from rlslice.snapshot_agent.backends import _freeze, _simfs, _simswap
 from rlslice.snapshot_agent.backends._simcopy import Aborted, Link, Pacer, discard
 from rlslice.snapshot_agent.backends.base import (
@@ -24,6 +27,9 @@ from rlslice.snapshot_agent.backends.base import (
     SwapError,
     SwapOutcome,
 )
+
+UNDO_SECONDS = 60.0
+"""Seconds past the switch's deadline that undoing a partial switch may take."""
 
 
 class SwappingMixin:
@@ -41,6 +47,14 @@ class SwappingMixin:
         """The job's parked manifest, None when it has none (`SimBackend._manifest`)."""
         raise NotImplementedError
 
+    async def snapshot(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        """`SimBackend.snapshot`."""
+        raise NotImplementedError
+
+    async def restore(self, job: JobHandle, *, deadline: float) -> MoveOutcome:
+        """`SimBackend.restore`."""
+        raise NotImplementedError
+
     async def swap(
         self,
         outgoing: Sequence[JobHandle],
@@ -54,6 +68,9 @@ class SwappingMixin:
         bytes admitted as outgoing bytes free. All or nothing: a failed half stops the
         others, the incoming job's grown memory is given back (it stays parked) and every
         outgoing job gets its bytes back and runs on; then SwapError names the half."""
+        partial = any(OFFLOAD_TAGS_OPTION in job.options for job in outgoing)
+        if partial or (incoming is not None and self._parked_partly(incoming.job)):
+            return await self._one_after_the_other(outgoing, incoming, deadline)
         entries = self._parked_entries(incoming) if incoming is not None else []
         stopped = await _stop_all(outgoing, deadline)
         abort = threading.Event()
@@ -96,6 +113,35 @@ class SwappingMixin:
             incoming=moves[-1] if incoming is not None else None,
             overlapped=admission.overlapped,
         )
+
+    def _parked_partly(self, job: str) -> bool:
+        manifest = self._manifest(job)
+        return manifest is not None and "discarded" in manifest
+
+    async def _one_after_the_other(
+        self, outgoing: Sequence[JobHandle], incoming: JobHandle | None, deadline: float
+    ) -> SwapOutcome:
+        """The snapshots, then the restore, as plain moves; a failure restores the outgoing
+        jobs already parked (they run on) and raises SwapError naming the half."""
+        done: list[MoveOutcome] = []
+        for job in outgoing:
+            try:
+                done.append(await self.snapshot(job, deadline=deadline))
+            except BackendError as error:
+                await self._restore_all(outgoing[: len(done)], deadline)
+                raise SwapError(job.job, "snapshot", error) from error
+        came: MoveOutcome | None = None
+        if incoming is not None:
+            try:
+                came = await self.restore(incoming, deadline=deadline)
+            except BackendError as error:
+                await self._restore_all(outgoing, deadline)
+                raise SwapError(incoming.job, "restore", error) from error
+        return SwapOutcome(tuple(done), came, overlapped=False)
+
+    async def _restore_all(self, jobs: Sequence[JobHandle], deadline: float) -> None:
+        for job in jobs:
+            await self.restore(job, deadline=deadline + UNDO_SECONDS)
 
     def _parked_entries(self, incoming: JobHandle) -> list[dict[str, object]]:
         """The buffers of the incoming job's parked copy (SwapError when it has none)."""

@@ -21,6 +21,14 @@ grow chunk by chunk as that memory frees, never above capacity minus the headroo
 bytes are still leaving. A journal written before anything is freed lets an interrupted
 swap (an agent killed half-way) give every freed chunk back from the parked copy.
 
+Parts (issue 26): a buffer belongs to the part its job allocated it with (`alloc(tag=)`).
+A partial snapshot (the `offload_tags` option present) copies only the buffers of those
+tags, frees the buffers of the half's `discard_tags` without a copy, and leaves every other
+buffer on the device (its processes are stopped all the same: the job is parked). The
+manifest lists both; a restore copies the parked buffers back and grows the discarded ones
+again, zero-filled, for the job to rebuild. A partial move is never overlapped (`swap`
+runs its halves one after the other).
+
 The paced copies live in `_simcopy`, the swap's copies in `_simswap` and its async side in
 `_simswapping`.
 
@@ -45,6 +53,7 @@ from typing import Annotated, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlslice import env
+from rlslice.config import OFFLOAD_TAGS_OPTION
 from rlslice.snapshot_agent.backends import _freeze, _options, _simfs, _simswap
 from rlslice.snapshot_agent.backends._simcopy import (
     CHUNK,
@@ -109,6 +118,8 @@ class SimBackend(SwappingMixin, BackendBase):
     """Emulated devices with a capacity and a copy rate; jobs really frozen and copied."""
 
     name: ClassVar[str] = "sim"
+    splits_parts: ClassVar[bool] = True
+    """Takes partial snapshots (`OFFLOAD_TAGS_OPTION`)."""
 
     def __init__(self, context: BackendContext) -> None:
         options = _options.parse(SimOptions, context.options)
@@ -195,8 +206,9 @@ class SimBackend(SwappingMixin, BackendBase):
             # Parked: device memory a restore had grown before it was cut off goes back
             # (the parked copy is the truth), and a committed swap's journal is spent.
             (_simfs.parked_dir(self.node_dir, job.job) / _simswap.JOURNAL).unlink(missing_ok=True)
+            moved = _moved_names(self._manifest(job.job))
             for buffer in _simfs.job_buffers(self.node_dir, job.job):
-                if buffer.size:
+                if buffer.size and (moved is None or buffer.path.name in moved):
                     os.truncate(buffer.path, 0)
             return BackendState.PARKED
         # No manifest: any move was interrupted before it committed. Settle it: a swap
@@ -237,8 +249,8 @@ class SimBackend(SwappingMixin, BackendBase):
         park = _simfs.parked_dir(self.node_dir, job.job)
         pacer = Pacer(link, "out", deadline, chunk=self._chunk)
         try:
-            buffers = _simfs.job_buffers(self.node_dir, job.job)
-            moved = await in_thread(lambda: self._save(park, buffers, pacer), pacer)
+            buffers, dropped = _chosen(job, _simfs.job_buffers(self.node_dir, job.job))
+            moved = await in_thread(lambda: self._save(park, buffers, pacer, dropped), pacer)
         except BaseException as error:
             if self._manifest(job.job) is None:  # not committed: roll back
                 shutil.rmtree(park, ignore_errors=True)
@@ -249,7 +261,15 @@ class SimBackend(SwappingMixin, BackendBase):
         await asyncio.sleep(overhead)
         return MoveOutcome(moved, time.perf_counter() - started)
 
-    def _save(self, park: Path, buffers: list[_simfs.BufferFile], pacer: Pacer) -> int:
+    def _save(
+        self,
+        park: Path,
+        buffers: list[_simfs.BufferFile],
+        pacer: Pacer,
+        dropped: list[_simfs.BufferFile] | None = None,
+    ) -> int:
+        """Copy `buffers` to `park`, commit the manifest, free them; `dropped` (a partial
+        snapshot's discarded buffers; None: a whole one) are freed without a copy."""
         shutil.rmtree(park, ignore_errors=True)
         park.mkdir(parents=True, mode=0o700)
         done = 0
@@ -266,9 +286,14 @@ class SimBackend(SwappingMixin, BackendBase):
         # The manifest commits the snapshot; only then is device memory freed.
         pacer.check()
         temp = park / (_simfs.MANIFEST + ".part")
-        temp.write_text(json.dumps({"buffers": entries}))
+        manifest: dict[str, object] = {"buffers": entries}
+        if dropped is not None:
+            manifest["discarded"] = [
+                {"name": b.path.name, "device": b.device, "size": b.size} for b in dropped
+            ]
+        temp.write_text(json.dumps(manifest))
         temp.replace(park / _simfs.MANIFEST)
-        for buffer in buffers:
+        for buffer in [*buffers, *(dropped or ())]:
             os.truncate(buffer.path, 0)
         return done
 
@@ -281,9 +306,12 @@ class SimBackend(SwappingMixin, BackendBase):
         entries = manifest.get("buffers")
         if not isinstance(entries, list):
             raise BackendError(f"restore of job {job.job}: damaged manifest")
+        dropped = manifest.get("discarded", [])
+        if not isinstance(dropped, list):
+            raise BackendError(f"restore of job {job.job}: damaged manifest")
         pacer = Pacer(link, "in", deadline, chunk=self._chunk)
         try:
-            moved = await in_thread(lambda: self._load(job.job, entries, pacer), pacer)
+            moved = await in_thread(lambda: self._load(job.job, entries, pacer, dropped), pacer)
         except DeviceMemoryError as error:
             raise DeviceMemoryError(f"restore of job {job.job}: {error}") from error
         except (OSError, TimeoutError, KeyError, ValueError) as error:
@@ -295,17 +323,30 @@ class SimBackend(SwappingMixin, BackendBase):
         discard(_simfs.parked_dir(self.node_dir, job.job))
         return MoveOutcome(moved, time.perf_counter() - started)
 
-    def _load(self, job: str, entries: list[dict[str, object]], pacer: Pacer) -> int:
+    def _load(
+        self,
+        job: str,
+        entries: list[dict[str, object]],
+        pacer: Pacer,
+        dropped: list[dict[str, object]] | None = None,
+    ) -> int:
+        """Grow the buffers of `entries` and `dropped` (discarded: zero-filled) back, copy
+        the parked bytes of `entries` in, commit; the bytes copied."""
         folder = self.node_dir / _simfs.JOBS_DIR / job
         park = _simfs.parked_dir(self.node_dir, job)
         wanted: dict[int, list[tuple[Path, int]]] = {}
-        for entry in entries:
+        grow: dict[int, list[tuple[Path, int]]] = {}
+        listed = [(e, True) for e in entries] + [(e, False) for e in dropped or ()]
+        for entry, copied in listed:
             path = folder / str(entry["name"])
             size = int(str(entry["size"]))
-            wanted.setdefault(int(str(entry["device"])), []).append((path, size))
+            device = int(str(entry["device"]))
+            grow.setdefault(device, []).append((path, size))
+            if copied:
+                wanted.setdefault(device, []).append((path, size))
         grown: list[Path] = []
         try:
-            for index, items in sorted(wanted.items()):
+            for index, items in sorted(grow.items()):
                 self._take_capacity(index, items, grown, pacer.deadline)
             done = 0
             for items in wanted.values():
@@ -356,6 +397,31 @@ class SimBackend(SwappingMixin, BackendBase):
             # processes must not stay frozen for ever, or they could never exit.
             _freeze.resume(job.pids)
         return freed
+
+
+def _chosen(
+    job: JobHandle, buffers: list[_simfs.BufferFile]
+) -> tuple[list[_simfs.BufferFile], list[_simfs.BufferFile] | None]:
+    """(the buffers to copy, those to free without a copy): every buffer and None for a
+    whole snapshot; for a partial one (`OFFLOAD_TAGS_OPTION` given) those of its offload
+    tags and those of its discard tags (a tag in both is copied)."""
+    if OFFLOAD_TAGS_OPTION not in job.options:
+        return buffers, None
+    raw = job.options[OFFLOAD_TAGS_OPTION].split(",")
+    offload = {_simfs.clean_tag(t.strip()) for t in raw if t.strip()}
+    drop = {_simfs.clean_tag(t) for t in job.discard_tags} - offload
+    return (
+        [b for b in buffers if _simfs.buffer_tag(b.path) in offload],
+        [b for b in buffers if _simfs.buffer_tag(b.path) in drop],
+    )
+
+
+def _moved_names(manifest: dict[str, object] | None) -> set[str] | None:
+    """The buffers a partial manifest moved (parked or discarded); None for a whole one."""
+    if manifest is None or "discarded" not in manifest:
+        return None
+    lists = [manifest.get("buffers"), manifest.get("discarded")]
+    return {str(e["name"]) for entries in lists if isinstance(entries, list) for e in entries}
 
 
 def _size_of(path: Path) -> int:
