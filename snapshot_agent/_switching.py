@@ -16,8 +16,9 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from rlslice._errors import InvalidArgumentError
+from rlslice._errors import FailedPreconditionError, InvalidArgumentError
 from rlslice._ids import validate_id
+from rlslice.config import OFFLOAD_TAGS_OPTION
 from rlslice.snapshot_agent import moves, state
 from rlslice.snapshot_agent._engine_core import EngineCore, check_epoch
 from rlslice.snapshot_agent.jobs import JobEntry
@@ -208,6 +209,12 @@ class SwitchingMixin(EngineCore):
             return answer
         name = self.backends.for_move(entry, move, half.backend)
         backend = await self.backend(name)
+        partial = move is Move.SNAPSHOT and OFFLOAD_TAGS_OPTION in half.options
+        if partial and not getattr(backend, "splits_parts", False):
+            raise FailedPreconditionError(
+                f"snapshot of job {record.job}: the {name} backend moves whole "
+                "processes, not tagged parts"
+            )
         await self._await_workloads(entry, backend, deadline)
         tags = half.discard_tags if move is Move.SNAPSHOT else ()
         handle = self._handle(entry, pids, dict(half.options), tags)
