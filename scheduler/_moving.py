@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -21,10 +21,11 @@ from rlslice._errors import (
     UnavailableError,
 )
 from rlslice.adapters.grpc_errors import error_for_code
-from rlslice.config import GroupSpec
+from rlslice.config import OFFLOAD_TAGS_OPTION, GroupSpec
 from rlslice.scheduler.core import Switch, events
 from rlslice.scheduler.core.events import MoveKind
 from rlslice.scheduler.core.moves import MovePlan, NodeMoves
+from rlslice.scheduler.core.parts import PartPlan
 from rlslice.scheduler.core.settle import CallFailure, NodeOutcome, Undo, settle
 from rlslice.v1alpha1 import agent_pb2 as apb
 
@@ -82,7 +83,10 @@ class _Moving:
     async def _serial(self, spec: GroupSpec, switch: Switch, plan: MovePlan) -> events.Event:
         """Snapshots everywhere, then restores (rolling the snapshots back if one fails)."""
         snapshots = [(job, n.node) for n in plan.nodes for job in n.snapshot]
-        results = await self._moves(MoveKind.SNAPSHOT, spec, snapshots, switch.epoch, switch.fence)
+        partial = {(job, n.node): p for n in plan.nodes for job, p in n.partial.items()}
+        results = await self._moves(
+            MoveKind.SNAPSHOT, spec, snapshots, switch.epoch, switch.fence, partial
+        )
         outcomes = _call_outcomes(MoveKind.SNAPSHOT, snapshots, results)
         if any(o.failure is not None for o in outcomes):
             # A fenced job (its lease lapsed while it held) stays fenced where it is: rolling
@@ -118,7 +122,9 @@ class _Moving:
         request = apb.SwitchRequest(
             group=spec.name,
             epoch=epoch,
-            outgoing=[self._switch_move(spec, job) for job in moves.snapshot],
+            outgoing=[
+                self._switch_move(spec, job, moves.partial.get(job)) for job in moves.snapshot
+            ],
             headroom_bytes=spec.headroom_bytes,
         )
         if moves.restore is not None:
@@ -169,9 +175,9 @@ class _Moving:
         """A node whose agent has no Switch: its snapshots, then its restore, undone on failure."""
         node = moves.node
         pairs = [(job, node) for job in moves.snapshot]
-        calls = _call_outcomes(
-            MoveKind.SNAPSHOT, pairs, await self._moves(MoveKind.SNAPSHOT, spec, pairs, epoch)
-        )
+        partial = {(job, node): p for job, p in moves.partial.items()}
+        snapped_results = await self._moves(MoveKind.SNAPSHOT, spec, pairs, epoch, (), partial)
+        calls = _call_outcomes(MoveKind.SNAPSHOT, pairs, snapped_results)
         if all(o.failure is None for o in calls) and moves.restore is not None:
             (result,) = await self._moves(MoveKind.RESTORE, spec, [(moves.restore, node)], epoch)
             calls += _call_outcomes(MoveKind.RESTORE, [(moves.restore, node)], [result])
@@ -207,9 +213,13 @@ class _Moving:
                 return list(outcome.snapped)
         return await self._rollback(spec, [(job, node) for job in outcome.snapped], epoch)
 
-    def _switch_move(self, spec: GroupSpec, job: str) -> apb.SwitchMove:
+    def _switch_move(
+        self, spec: GroupSpec, job: str, part: PartPlan | None = None
+    ) -> apb.SwitchMove:
         backend = spec.job(job).backend or spec.backend
-        return apb.SwitchMove(job=job, backend=backend, options=dict(spec.backend_options))
+        options = _part_options(spec.backend_options, part)
+        discard = list(part.discard) if part is not None else []
+        return apb.SwitchMove(job=job, backend=backend, options=options, discard_tags=discard)
 
     async def _moves(
         self,
@@ -218,16 +228,26 @@ class _Moving:
         pairs: list[tuple[str, str]],
         epoch: int,
         fence: tuple[str, ...] = (),
+        partial: Mapping[tuple[str, str], PartPlan] | None = None,
     ) -> list[apb.MoveResult | AgentCallError]:
+        """The calls of `move` for `pairs` (job, node), at once; `partial`: the snapshots
+        that move only some parts, by (job, node)."""
+
         async def one(job: str, node: str) -> apb.MoveResult | AgentCallError:
             backend = spec.job(job).backend or spec.backend
-            options = dict(spec.backend_options)
+            part = (partial or {}).get((job, node)) if move is MoveKind.SNAPSHOT else None
+            options = _part_options(spec.backend_options, part)
             if job in fence:
                 options[FENCE_OPTION] = "1"  # the backend stops the job before moving anything
             request: Any
             if move is MoveKind.SNAPSHOT:
                 request = apb.SnapshotRequest(
-                    job=job, group=spec.name, epoch=epoch, backend=backend, options=options
+                    job=job,
+                    group=spec.name,
+                    epoch=epoch,
+                    backend=backend,
+                    options=options,
+                    discard_tags=list(part.discard) if part is not None else [],
                 )
             else:
                 request = apb.RestoreRequest(
@@ -257,6 +277,15 @@ class _Moving:
                 log.error("rollback of job %s on node %s failed: %s", job, node, result)
                 left.append(job)
         return left
+
+
+def _part_options(options: Mapping[str, str], part: PartPlan | None) -> dict[str, str]:
+    """The group's backend options, with a partial snapshot's offload tags (the option's
+    presence makes the snapshot partial; its discard tags travel in `discard_tags`)."""
+    given = dict(options)
+    if part is not None:
+        given[OFFLOAD_TAGS_OPTION] = ",".join(part.offload)
+    return given
 
 
 def _call_outcomes(

@@ -4,6 +4,9 @@
 2. Plan (`core.moves.plan_switch`, pure, over plain per-node reports): the jobs to evict
    (the preempted holder always, then resident jobs least recently used first, only while
    the incoming job does not fit) and, per node, the snapshots and the restore to run.
+   A job that declared parts (`JobSpec.parts`) and runs on a backend of `PARTIAL_BACKENDS`
+   moves only the parts the incoming job needs room for: its snapshots carry the tags to
+   offload (the `offload_tags` option) and to discard (`discard_tags`).
 3. Overlapped (the default): one `Switch` call per node, all nodes in parallel; each agent
    restores the incoming job while its snapshots run, admitting incoming bytes as outgoing
    bytes leave. A node's Switch is all or nothing; if any node fails, the nodes that went
@@ -41,7 +44,7 @@ import grpc
 from rlslice._errors import NotFoundError
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
-from rlslice.config import GroupSpec, TLSConfig
+from rlslice.config import GroupSpec, StatePart, TLSConfig
 from rlslice.scheduler._moving import FENCE_OPTION, AgentCallError, _Moving, tier_moves
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import GroupState, Switch, SwitchKind, agent_liveness, events
@@ -62,6 +65,10 @@ from rlslice.v1alpha1 import agent_pb2 as apb
 from rlslice.v1alpha1 import agent_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+PARTIAL_BACKENDS = frozenset({"sim"})
+"""Backends whose agents move a job's tagged parts one by one (issue 26); a job of another
+backend moves whole, whatever parts it declared (cuda and cuda-checkpoint move processes)."""
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 #: How a call that went out can end without an answer: what the node did is unknown.
@@ -300,6 +307,7 @@ class Coordinator(_Moving):
                 switch.candidates,
                 must_evict=switch.evict,
                 headroom_bytes=spec.headroom_bytes,
+                parts=_splittable_parts(spec),
             )
         if self.overlap and not switch.fence:
             result = await self._overlapped(spec, switch, plan)
@@ -435,7 +443,18 @@ def _report(node: str, status: apb.AgentStatus | None, group: str) -> NodeReport
         if j.group == group
     }
     free = tuple(d.total_bytes - d.used_bytes for d in status.devices)
-    return NodeReport(node, True, free, jobs)
+    host = status.host_available_bytes if status.host_available_bytes > 0 else None
+    return NodeReport(node, True, free, jobs, host)
+
+
+def _splittable_parts(spec: GroupSpec) -> dict[str, tuple[StatePart, ...]]:
+    """The parts the group's jobs declared, for those whose backend moves parts
+    (`PARTIAL_BACKENDS`); the others move whole."""
+    return {
+        job.name: job.parts
+        for job in spec.jobs
+        if job.parts and (job.backend or spec.backend) in PARTIAL_BACKENDS
+    }
 
 
 __all__ = ["FENCE_OPTION", "AgentCallError", "Coordinator"]
