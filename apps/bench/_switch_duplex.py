@@ -95,7 +95,7 @@ async def overlap_one(
     node = f"duplex-{size >> 20}"
     async with _agent(node, real + SLACK, _options(real, scale, link_gbps), root, work) as agent:
         b = await spawn_job(agent, "job-b", real, 2, "bench")
-        channel = open_channel(agent.address)
+        channel = open_channel(agent.address, token=agent.token)
         stub: Any = agent_pb2_grpc.AgentStub(channel)
         procs = [b]
         try:

@@ -14,7 +14,11 @@
    Timed: from sending the Yield to the waiter's Acquire returning. Beside it, the same
    yield-to-grant time on a scheduler with no agents (nothing can move). Target:
    prefetched <= handoff + 20 ms.
-3. `--memcpy SIZES` (optional): a switch at unlimited rate next to a plain memcpy of the
+3. Partial vs whole moves (`--partial-size`, issue 26): two jobs of which only 25% must
+   move to fit, through a real scheduler and agent, once with their tagged parts declared
+   and once without; `moved_ratio` is the bytes the partial switches moved over the bytes
+   the whole ones moved (`_switch_partial`). Target: moved_ratio <= 0.30.
+4. `--memcpy SIZES` (optional): a switch at unlimited rate next to a plain memcpy of the
    same bytes into fresh pages (the earlier bench; target 1.5 x two copies + 20 ms).
 
 Every job's bytes are checked (crc32) at the end of its section.
@@ -67,6 +71,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rounds", type=int, default=6, help="prefetched grants timed")
     parser.add_argument(
+        "--partial-size", default="4GiB", help="GiB-equivalent size of the partial-move jobs"
+    )
+    parser.add_argument(
         "--memcpy", default="", help="also time unlimited-rate switches vs memcpy at SIZES"
     )
 
@@ -102,6 +109,7 @@ async def _all(
     args: argparse.Namespace, sizes: list[int], memcpy: list[int], root: Path, work: Path
 ) -> dict[str, Any]:
     from rlslice.apps.bench import _switch_duplex as duplex
+    from rlslice.apps.bench._switch_partial import partial_vs_whole
     from rlslice.units import parse_size
 
     repeats = max(1, args.repeats)
@@ -112,11 +120,16 @@ async def _all(
     prefetch = await duplex.prefetch_vs_handoff(
         parse_size(args.prefetch_size), args.scale, args.link_gbps, max(2, args.rounds), root, work
     )
+    partial = await partial_vs_whole(
+        parse_size(args.partial_size), args.scale, args.link_gbps, repeats, root, work
+    )
     copies = await _bench(memcpy, repeats, root, work) if memcpy else []
     ok = (
         all(r["meets_target"] and r["identical"] for r in overlap)
         and prefetch["meets_target"]
         and prefetch["identical"]
+        and partial["meets_target"]
+        and partial["identical"]
         and all(r["meets_target"] and r["identical"] for r in copies)
     )
     return {
@@ -126,6 +139,7 @@ async def _all(
         "scale": args.scale,
         "overlap": overlap,
         "prefetch": prefetch,
+        "partial": partial,
         "memcpy": copies,
         "ok": ok,
     }
@@ -147,6 +161,13 @@ def _print(result: dict[str, Any]) -> None:
         f"{p['all_prefetched']}), 0-byte handoff {p['handoff_ms']:.1f} ms, "
         f"target <= handoff + {PREFETCH_MARGIN_S * 1e3:g} ms: "
         f"{'yes' if p['meets_target'] else 'NO'}, identical {p['identical']}"
+    )
+    q = result["partial"]
+    print(
+        f"partial moves {_mib(q['equivalent_bytes'])} x2 (25% must move): "
+        f"{_mib(q['partial_moved_bytes'])} moved vs {_mib(q['whole_moved_bytes'])} whole "
+        f"(real bytes), moved_ratio {q['moved_ratio']:.2f}, target <= {q['target']:g}: "
+        f"{'yes' if q['meets_target'] else 'NO'}, identical {q['identical']}"
     )
     for r in result["memcpy"]:
         print(
@@ -215,7 +236,7 @@ async def _one_size(agent: Any, size: int, repeats: int) -> dict[str, Any]:
         name: await spawn_job(agent, name, size, seed, "bench")
         for name, seed in (("bench-a", 1), ("bench-b", 2))
     }
-    channel = open_channel(agent.address)
+    channel = open_channel(agent.address, token=agent.token)
     stub: Any = agent_pb2_grpc.AgentStub(channel)
     try:
         rounds = await _switch_rounds(stub, size, repeats)
