@@ -22,7 +22,9 @@ A plan that does not fit (`fits` false, `reason` says why) is not to be run: the
 refuses the switch with the reason. Its lists show what moving everything it could would
 have done.
 
-Agents and backends do not act on these plans yet (docs/scheduler.md, "Partial moves").
+`core.moves.plan_switch` calls it for each outgoing job that declared parts, and the
+`sim` backend runs the plans; other backends move whole jobs (docs/scheduler.md, "Partial
+moves").
 """
 
 from __future__ import annotations
