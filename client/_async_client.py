@@ -263,7 +263,7 @@ class AsyncClient(PhaseHoldsMixin):
         return AsyncGroupsPhase(self, name, canonical_groups(groups, group))
 
     async def close(self, *, bring_home: bool = False, timeout: float = 60.0) -> None:
-        """Release every lock, leave every queue, stop the keep-alives, close the channel.
+        """Give up every lock, leave every queue, stop the keep-alives, close the channel.
 
         By default the job leaves at once: a parked copy of its state is dropped and its
         processes resumed, which is right for a process about to exit. A process that goes
