@@ -44,7 +44,7 @@ import grpc
 from rlslice._errors import NotFoundError
 from rlslice.adapters.channel import open_channel
 from rlslice.adapters.tracing import SWITCH, span
-from rlslice.config import GroupSpec, StatePart, TLSConfig
+from rlslice.config import GroupSpec, MoveClass, StatePart, TLSConfig
 from rlslice.scheduler._moving import FENCE_OPTION, AgentCallError, _Moving, tier_moves
 from rlslice.scheduler.clock import LoopClock
 from rlslice.scheduler.core import GroupState, Switch, SwitchKind, agent_liveness, events
@@ -281,7 +281,17 @@ class Coordinator(_Moving):
         statuses = await self._statuses(nodes)
         reports = [_report(node, statuses.get(node), state.name) for node in nodes]
         record = state.jobs.get(switch.incoming)
-        need = Need(switch.incoming, record.device_bytes if record else 0, switch.restore)
+        splittable = _splittable_parts(spec)
+        need = Need(
+            switch.incoming,
+            record.device_bytes if record else 0,
+            switch.restore,
+            sum(
+                p.bytes
+                for p in splittable.get(switch.incoming, ())
+                if p.move_class is MoveClass.DISCARD
+            ),
+        )
         plan: MovePlan | None
         if switch.purpose == SwitchKind.UNPREFETCH:
             plan = plan_park(switch.incoming, reports)
@@ -307,7 +317,7 @@ class Coordinator(_Moving):
                 switch.candidates,
                 must_evict=switch.evict,
                 headroom_bytes=spec.headroom_bytes,
-                parts=_splittable_parts(spec),
+                parts=splittable,
             )
         if self.overlap and not switch.fence:
             result = await self._overlapped(spec, switch, plan)

@@ -120,6 +120,11 @@ class Need:
     restore: bool = True
     """Whether the scheduler has it parked (or faulted): restore it where a silent node
     might hold it."""
+    discard_bytes: int = 0
+    """The bytes of the `discard` parts it declared, per node. Parked, it needs room for
+    them beside its parked bytes: a partial snapshot freed them without a copy, and they
+    come back (rebuilt) with the job. Counted whether or not they were discarded (the
+    agents report a parked job's host bytes only): a plan errs on the side of room."""
 
 
 def plan_switch(
@@ -256,7 +261,7 @@ def _wanted(need: Need, report: NodeReport) -> int | None:
         # used memory; only the rest of what it declared is still needed.
         return max(0, need.declared_bytes - mine.device_bytes)
     if mine is not None and mine.place in _IN_HOST:
-        return mine.host_bytes
+        return mine.host_bytes + need.discard_bytes
     return need.declared_bytes or None
 
 

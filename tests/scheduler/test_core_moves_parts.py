@@ -6,7 +6,8 @@ nothing moves, no partial plan; a part larger than what the incoming job lacks m
 full (parts are never split); a part larger than the host memory free is skipped for the
 next one; parts that cannot make room -> the job moves whole; a job that declared nothing,
 or one that must go, moves whole; a silent node -> whole; two outgoing jobs -> the first
-moves whole when its parts are not enough, the second only what is still lacking.
+moves whole when its parts are not enough, the second only what is still lacking; an
+incoming job parked partly needs room for its discarded parts as well as its parked ones.
 """
 
 from __future__ import annotations
@@ -140,3 +141,16 @@ def test_a_second_outgoing_job_moves_only_what_the_first_did_not_free() -> None:
     assert plan.nodes[0].snapshot == ("c", "a")
     assert tags(plan, "c") is None
     assert tags(plan) == (("kv_cache",), ())
+
+
+def test_an_incoming_job_parked_partly_needs_room_for_what_it_discarded_too() -> None:
+    # a parked its 2 G optimizer and discarded its 1 G kv_cache (it rebuilds it once back):
+    # with 1 G free it lacks 2 G, not the 1 G its 2 G of host bytes alone would say
+    b_parts = (StatePart(tag="x", bytes=1 * G), StatePart(tag="y", bytes=3 * G))
+    a = JobReport(P, host_bytes=2 * G)
+    reports = [NodeReport("n1", True, (1 * G,), {"a": a, "b": JobReport(R, 4 * G)})]
+    plan = plan_switch(Need("a", discard_bytes=1 * G), reports, ("b",), parts={"b": b_parts})
+    assert plan.evict == ("b",)
+    assert plan.nodes[0].partial["b"].offload == ("x", "y")
+    unaware = plan_switch(Need("a"), reports, ("b",), parts={"b": b_parts})
+    assert unaware.nodes[0].partial["b"].offload == ("x",)
