@@ -2,7 +2,7 @@
 which only 25% must move, through a real scheduler and agent, moved with their parts
 declared and without, side by side. The partial switches move one part of four (plus the
 parked part back): moved_ratio 0.25, within the 0.30 target, and every job's bytes stay
-identical across its turns."""
+identical across its turns. The serial calls (Snapshot, then Restore) move the same."""
 
 from __future__ import annotations
 
@@ -44,4 +44,16 @@ def test_partial_switches_move_a_quarter_of_what_whole_switches_move(
     assert result["moved_ratio"] == 0.25
     assert result["moved_ratio"] <= PARTIAL_TARGET
     assert result["meets_target"] is True
+    assert result["identical"] is True
+
+
+def test_serial_switches_move_the_same_parts(
+    folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlslice.scheduler.coordinator import Coordinator
+
+    monkeypatch.setattr(Coordinator, "_overlapped", Coordinator._serial)  # Snapshot, Restore
+    result = asyncio.run(partial_vs_whole(1 << 30, 256.0, 0.0, 2, *folders))
+    assert result["partial_moved_bytes"] == 2 * 2 * MiB
+    assert result["moved_ratio"] == 0.25
     assert result["identical"] is True
