@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlslice.config import GroupSpec, JobSpec, PhaseKind, Policy
+from rlslice.config import GroupSpec, JobSpec, MoveClass, PhaseKind, Policy, StatePart
 from rlslice.v1alpha1 import scheduler_pb2
 
 _POLICY_TO_PROTO = {
@@ -41,7 +41,19 @@ def group_spec_to_proto(spec: GroupSpec) -> scheduler_pb2.GroupSpec:
         headroom_bytes=spec.headroom_bytes,
         jobs=[
             scheduler_pb2.JobSpec(
-                name=j.name, priority=j.priority, weight=j.weight, backend=j.backend
+                name=j.name,
+                priority=j.priority,
+                weight=j.weight,
+                backend=j.backend,
+                parts=[
+                    scheduler_pb2.StatePart(
+                        tag=p.tag,
+                        bytes=p.bytes,
+                        move_class=p.move_class.value,
+                        need_order=p.need_order,
+                    )
+                    for p in j.parts
+                ],
             )
             for j in spec.jobs
         ],
@@ -72,7 +84,23 @@ def group_spec_from_proto(message: scheduler_pb2.GroupSpec) -> GroupSpec:
         nodes=tuple(message.nodes),
         headroom_bytes=message.headroom_bytes,
         jobs=tuple(
-            JobSpec(name=j.name, priority=j.priority, weight=j.weight or 1.0, backend=j.backend)
+            JobSpec(
+                name=j.name,
+                priority=j.priority,
+                weight=j.weight or 1.0,
+                backend=j.backend,
+                parts=tuple(
+                    StatePart.model_validate(
+                        {
+                            "tag": p.tag,
+                            "bytes": p.bytes,
+                            "move_class": p.move_class or MoveClass.OFFLOAD.value,
+                            "need_order": p.need_order,
+                        }
+                    )
+                    for p in j.parts
+                ),
+            )
             for j in message.jobs
         ),
         node_selector=dict(message.node_selector),

@@ -2,7 +2,8 @@
 
 Declared parts are read with their move class and need order; a job that declares none
 has no parts (it moves whole); a bad part is refused in one line naming the field, also
-through `load_group_config`.
+through `load_group_config`; parts travel on the wire (PutGroup's GroupSpec) and a bad one
+is refused there too.
 """
 
 from __future__ import annotations
@@ -59,3 +60,21 @@ def test_a_bad_part_in_a_group_file_is_one_line_naming_the_field(tmp_path: Path)
     with pytest.raises(ValueError, match=r"groups\[0\]\.jobs\.0\.parts\.0\.bytes: ") as caught:
         load_group_config(path)
     assert "\n" not in str(caught.value)
+
+
+def test_declared_parts_travel_on_the_wire_and_a_bad_one_is_refused() -> None:
+    from rlslice.adapters.wire import group_spec_from_proto, group_spec_to_proto
+
+    group = spec(
+        {"tag": "kv_cache", "bytes": 10, "move_class": "discard"},
+        {"tag": "optimizer", "bytes": 20, "move_class": "keep_if_room", "need_order": 2},
+        {"tag": "weights", "bytes": 30},
+    )
+    message = group_spec_to_proto(group)
+    assert group_spec_from_proto(message).job("a").parts == group.job("a").parts
+    message.jobs[0].parts[0].move_class = ""  # empty on the wire: the default class
+    assert group_spec_from_proto(message).job("a").parts[0].move_class is MoveClass.OFFLOAD
+    message.jobs[0].parts[1].bytes = -1
+    with pytest.raises(ValidationError) as caught:
+        group_spec_from_proto(message)
+    assert first_error(caught.value) == (("bytes",), "Input should be greater than or equal to 0")

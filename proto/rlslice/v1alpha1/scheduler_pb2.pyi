@@ -256,6 +256,7 @@ class JobSpec(google.protobuf.message.Message):
     PRIORITY_FIELD_NUMBER: builtins.int
     WEIGHT_FIELD_NUMBER: builtins.int
     BACKEND_FIELD_NUMBER: builtins.int
+    PARTS_FIELD_NUMBER: builtins.int
     name: builtins.str
     """Job id, a DNS-1123 label."""
     priority: builtins.int
@@ -264,6 +265,13 @@ class JobSpec(google.protobuf.message.Message):
     """For POLICY_FAIR: share of GPU time; 2.0 gets twice the time of 1.0. Default 1.0."""
     backend: builtins.str
     """Overrides the group's backend for this job; empty means the group's."""
+    @property
+    def parts(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___StatePart]:
+        """The job's device state on each node as tagged parts: a switch away from it moves only
+        the parts the incoming job needs room for (backends that split parts: sim). Empty: it
+        moves whole.
+        """
+
     def __init__(
         self,
         *,
@@ -271,10 +279,43 @@ class JobSpec(google.protobuf.message.Message):
         priority: builtins.int = ...,
         weight: builtins.float = ...,
         backend: builtins.str = ...,
+        parts: collections.abc.Iterable[global___StatePart] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["backend", b"backend", "name", b"name", "priority", b"priority", "weight", b"weight"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["backend", b"backend", "name", b"name", "parts", b"parts", "priority", b"priority", "weight", b"weight"]) -> None: ...
 
 global___JobSpec = JobSpec
+
+@typing.final
+class StatePart(google.protobuf.message.Message):
+    """One tagged part of a job's device state on one node."""
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    TAG_FIELD_NUMBER: builtins.int
+    BYTES_FIELD_NUMBER: builtins.int
+    MOVE_CLASS_FIELD_NUMBER: builtins.int
+    NEED_ORDER_FIELD_NUMBER: builtins.int
+    tag: builtins.str
+    """Unique within the job: printable text of 1 to 63 characters."""
+    bytes: builtins.int
+    """Device bytes the part holds."""
+    move_class: builtins.str
+    """"discard" (freed, never copied), "offload" (copied to host; empty means this) or
+    "keep_if_room" (copied only as the last resort).
+    """
+    need_order: builtins.int
+    """When the job needs the part once it runs again: 0 first, higher later."""
+    def __init__(
+        self,
+        *,
+        tag: builtins.str = ...,
+        bytes: builtins.int = ...,
+        move_class: builtins.str = ...,
+        need_order: builtins.int = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["bytes", b"bytes", "move_class", b"move_class", "need_order", b"need_order", "tag", b"tag"]) -> None: ...
+
+global___StatePart = StatePart
 
 @typing.final
 class GroupSpec(google.protobuf.message.Message):
