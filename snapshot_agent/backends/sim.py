@@ -167,8 +167,10 @@ class SimBackend(SwappingMixin, BackendBase):
         ]
 
     async def device_bytes(self, job: JobHandle) -> int:
+        """The job's bytes on the devices; for a partial snapshot's handle, those of the
+        parts it copies (what the agent's host-memory guard asks room for)."""
         buffers = await asyncio.to_thread(_simfs.job_buffers, self.node_dir, job.job)
-        return sum(b.size for b in buffers)
+        return sum(b.size for b in _chosen(job, buffers)[0])
 
     def _manifest(self, job: str) -> dict[str, object] | None:
         try:

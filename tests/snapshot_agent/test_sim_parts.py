@@ -3,7 +3,8 @@
 Cases: a partial snapshot copies only the offload tags' buffers, frees the discard tags'
 buffers without a copy and leaves the rest on the device; its restore copies back only
 what it parked and grows the discarded buffers again, zero-filled; a snapshot without the
-option moves every buffer, as before; an agent restart (`state`) keeps the parts a partial
+option moves every buffer, as before; a partial handle's device bytes are those it would
+copy (the host-memory guard's ask); an agent restart (`state`) keeps the parts a partial
 snapshot left on the device; a swap with a partial half runs one move after the other.
 """
 
@@ -56,10 +57,11 @@ def test_a_partial_snapshot_moves_only_the_chosen_parts_and_restores_only_those(
 ) -> None:
     buffers = allocate(backend, "a")
     handle = job("a", "optimizer", ("kv_cache",))
+    assert asyncio.run(backend.device_bytes(handle)) == 4 * MiB  # what the park takes
     out = asyncio.run(backend.snapshot(handle, deadline=deadline()))
     assert out.bytes == 4 * MiB  # the optimizer only: the kv_cache is freed, not copied
     assert sizes(buffers) == {"weights": 4 * MiB, "optimizer": 0, "kv_cache": 0}
-    assert asyncio.run(backend.device_bytes(handle)) == 4 * MiB
+    assert asyncio.run(backend.device_bytes(job("a"))) == 4 * MiB  # the weights stay
     back = asyncio.run(backend.restore(handle, deadline=deadline()))
     assert back.bytes == 4 * MiB
     assert sizes(buffers) == dict.fromkeys(buffers, 4 * MiB)
