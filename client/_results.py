@@ -29,6 +29,10 @@ class Grant:
     """The job granted."""
     disabled: bool = False
     """True when no scheduler is configured and the client passed the call through."""
+    discarded: tuple[str, ...] = ()
+    """Tags of the job's `discard` parts (`JobSpec.parts`) a switch freed without a copy
+    while it was parked: gone from the device, to be rebuilt before use. Empty when nothing
+    was discarded (always so for a job that declared no `discard` part)."""
 
 
 @dataclass(frozen=True)

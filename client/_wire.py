@@ -196,6 +196,7 @@ class SchedulerWire:
             moved_bytes=answer.moved_bytes,
             group=answer.group or lease.group,
             job=answer.job or job,
+            discarded=tuple(answer.discarded),
         )
 
     async def yield_(

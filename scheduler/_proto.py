@@ -65,6 +65,8 @@ JOB_WIRE_CARRIES: Mapping[str, str] = {
     "last_served_at": "last_served_at",
     "phase": "phase",
     "lock_only": "lock_only",
+    "discarded": "discarded_parts",
+    "parked_parts": "parked_parts",
 }
 #: Each `JobRecord` field the wire leaves out on purpose -> why.
 JOB_WIRE_OMITS: Mapping[str, str] = {
@@ -147,6 +149,8 @@ def group_status(
                 lock_only=record.lock_only,
                 phase=record.phase,
                 last_served_at=record.last_served_at or 0.0,
+                discarded_parts=record.discarded,
+                parked_parts=record.parked_parts,
             )
         )
     return pb.GroupStatus(

@@ -167,6 +167,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             moved_bytes=grant.moved_bytes,
             group=request.group,
             job=request.job,
+            discarded=grant.discarded,
         )
 
     @_refusals

@@ -173,7 +173,12 @@ def _grant(
     epoch = s.epoch if reserved else s.epoch + 1
     # A prefetched job's bytes came back ahead of its grant: nothing moves now.
     restored = restored or job in s.prefetched
+    # The job is told of the parts discarded while it was parked (it rebuilds them) once.
+    record = s.jobs.get(job)
+    discarded = record.discarded if record is not None else ()
+    jobs = {**s.jobs, job: replace(record, discarded=())} if record and discarded else s.jobs
     tx.set(
+        jobs=jobs,
         holder=job,
         holder_since=tx.now,
         yield_requested_at=None,
@@ -181,6 +186,8 @@ def _grant(
         prefetched=tuple(j for j in s.prefetched if j != job),
     )
     _place_resident(tx, job)
-    tx.emit(a.GrantAction(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes))
+    tx.emit(
+        a.GrantAction(job, ticket, epoch, waited, restored, switch_seconds, moved_bytes, discarded)
+    )
     tx.record(Kind.GRANTED, job, phase, seconds=waited)
     _prefetch(tx)

@@ -4,11 +4,13 @@ removal from the group, and the checks on a named job.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from rlslice._errors import FailedPreconditionError, UnavailableError
 from rlslice.config import GroupSpec
 from rlslice.scheduler.core import actions as a
+from rlslice.scheduler.core import events as ev
 from rlslice.scheduler.core._tx import _Tx
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.state import GroupState, JobRecord
@@ -24,7 +26,30 @@ def _park(tx: _Tx, evicted: tuple[str, ...]) -> None:
 
 def _place_resident(tx: _Tx, job: str) -> None:
     """`job` is on the GPUs now, the most recently used (it leaves any other place)."""
+    s = tx.s
+    record = s.jobs.get(job)
+    if record is not None and record.parked_parts:
+        tx.set(jobs={**s.jobs, job: replace(record, parked_parts=())})
     tx.set(placement=tx.s.placement.with_resident(job))
+
+
+def _note_parts(tx: _Tx, parts: Mapping[str, ev.PartsParked]) -> None:
+    """Remember what partial snapshots did with the parked jobs' parts: the tags discarded
+    (added to those the job has not been told of yet) and the tags parked in host memory
+    (none listed when some node parked the job whole)."""
+    s = tx.s
+    changed = {}
+    for job, moved in parts.items():
+        record = s.jobs.get(job)
+        if record is None:
+            continue
+        changed[job] = replace(
+            record,
+            discarded=tuple(dict.fromkeys((*record.discarded, *moved.discarded))),
+            parked_parts=() if moved.whole else moved.offloaded,
+        )
+    if changed:
+        tx.set(jobs={**s.jobs, **changed})
 
 
 def _place_parked(tx: _Tx, jobs: list[str]) -> None:

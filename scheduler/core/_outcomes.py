@@ -10,7 +10,7 @@ from rlslice._errors import FailedPreconditionError, RlsliceError
 from rlslice.scheduler.core import actions as a
 from rlslice.scheduler.core import events as ev
 from rlslice.scheduler.core._dispatch import _grant, _retry, _serve, _undo_preempt
-from rlslice.scheduler.core._holds import _park, _place_parked, _place_resident
+from rlslice.scheduler.core._holds import _note_parts, _park, _place_parked, _place_resident
 from rlslice.scheduler.core._tx import _Tx
 from rlslice.scheduler.core.actions import Kind
 from rlslice.scheduler.core.state import GroupState, Switch, SwitchKind
@@ -30,6 +30,7 @@ def _switch_done(tx: _Tx, e: ev.SwitchDone) -> None:
     if switch is None:
         return
     _record_moves(tx, e.moves)
+    _note_parts(tx, e.parts)
     if switch.purpose != SwitchKind.GRANT:
         _side_switch_done(tx, switch, e)
         return
@@ -153,8 +154,10 @@ def _restore_failed(tx: _Tx, e: ev.RestoreFailed) -> None:
     if switch is None:
         return
     if switch.purpose != SwitchKind.GRANT:
+        _note_parts(tx, e.parts)
         _side_switch_failed(tx, switch, f"failed: {e.reason}", e.evicted)
         return
+    _note_parts(tx, e.parts)
     _park(tx, e.evicted)
     _fenced(tx, switch)
     tx.set(switch=None)

@@ -56,6 +56,8 @@ class GrantAction:
     restored: bool = False
     switch_seconds: float = 0.0
     moved_bytes: int = 0
+    discarded: tuple[str, ...] = ()
+    """Tags of the job's `discard` parts freed while it was parked: it rebuilds them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from rlslice._errors import RlsliceError, UnavailableError
@@ -106,6 +107,18 @@ class NodeMove:
 
 
 @dataclass(frozen=True, slots=True)
+class PartsParked:
+    """What partial snapshots did with one evicted job's parts, over the nodes."""
+
+    offloaded: tuple[str, ...] = ()
+    """Tags copied to host memory (on some node)."""
+    discarded: tuple[str, ...] = ()
+    """Tags freed without a copy (on some node): the job rebuilds them."""
+    whole: bool = False
+    """Some node moved the job whole: every part of it is parked there."""
+
+
+@dataclass(frozen=True, slots=True)
 class SwitchDone:
     """The coordinator evicted `evicted` and restored the incoming job."""
 
@@ -118,6 +131,8 @@ class SwitchDone:
     snapshots' bytes; `moved_bytes` stands in). The grant says `restored` only when some
     came back: a job no agent knows was restored from nothing."""
     moves: tuple[NodeMove, ...] = ()
+    parts: Mapping[str, PartsParked] = field(default_factory=dict)
+    """Evicted jobs that moved only some parts on some node -> what moved."""
     """Every move that took place, per node (one ring event each: the timeline's moves)."""
 
 
@@ -162,6 +177,8 @@ class RestoreFailed:
     reason: str
     evicted: tuple[str, ...] = ()
     moved_bytes: int = 0
+    parts: Mapping[str, PartsParked] = field(default_factory=dict)
+    """As `SwitchDone.parts`, for the evictions that stand."""
 
 
 @dataclass(frozen=True, slots=True)

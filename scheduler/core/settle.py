@@ -34,13 +34,14 @@ from rlslice.scheduler.core.events import (
     Event,
     MoveKind,
     NodeMove,
+    PartsParked,
     RestoreFailed,
     SnapshotFailed,
     SwitchDone,
 )
 from rlslice.scheduler.core.moves import MovePlan
 
-__all__ = ["CallFailure", "NodeOutcome", "Undo", "settle", "waiter_error"]
+__all__ = ["CallFailure", "NodeOutcome", "Undo", "parts_parked", "settle", "waiter_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,23 @@ def waiter_error(error: type[RlsliceError]) -> type[RlsliceError]:
     return FailedPreconditionError
 
 
+def parts_parked(plan: MovePlan) -> dict[str, PartsParked]:
+    """Each evicted job that `plan` moves only partly on some node -> the tags it offloads
+    and discards over all nodes (in move order, each once), and whether a node moves it
+    whole."""
+    out: dict[str, PartsParked] = {}
+    for job in plan.evict:
+        plans = [n.partial[job] for n in plan.nodes if job in n.partial]
+        if not plans:
+            continue
+        out[job] = PartsParked(
+            offloaded=tuple(dict.fromkeys(t for p in plans for t in p.offload)),
+            discarded=tuple(dict.fromkeys(t for p in plans for t in p.discard)),
+            whole=any(job in n.snapshot and job not in n.partial for n in plan.nodes),
+        )
+    return out
+
+
 def settle(epoch: int, plan: MovePlan, outcomes: Sequence[NodeOutcome], undo: Undo | None) -> Event:
     """The event for switch `epoch` whose calls ended in `outcomes`; `undo`: how what went
     through was undone after a failure (None: it was not, the snapshots hold)."""
@@ -117,11 +135,13 @@ def settle(epoch: int, plan: MovePlan, outcomes: Sequence[NodeOutcome], undo: Un
             sum(o.moved for o in outcomes),
             restored_bytes=sum(o.restored_bytes for o in outcomes),
             moves=tuple(m for o in outcomes for m in o.done),
+            parts=parts_parked(plan),
         )
     failures = [o.failure for o in failed if o.failure is not None]
     reason = "; ".join(str(f) for f in failures)
     if undo is None:
-        return RestoreFailed(epoch, reason, plan.evict, sum(o.moved for o in outcomes))
+        moved = sum(o.moved for o in outcomes)
+        return RestoreFailed(epoch, reason, plan.evict, moved, parts_parked(plan))
     if undo.count:
         reason += f" ({undo.how} on {undo.count} node(s))"
     unsure = tuple(dict.fromkeys([*(j for o in failed for j in o.unsure), *undo.left]))

@@ -43,6 +43,12 @@ class JobRecord:
     lock_only: bool = False
     """No agent of the group knew the job when it registered (`core.registration`): it
     takes turns on the lock, but nothing of it moves. It leaves with the job's lease."""
+    discarded: tuple[str, ...] = ()
+    """Tags of its `discard` parts a partial snapshot freed since the job was last granted:
+    its next grant tells the job (`Grant.discarded`, to rebuild them), then clears this."""
+    parked_parts: tuple[str, ...] = ()
+    """The tags in host memory while only some of its parts are parked (the rest stayed on
+    the device); () when it is parked whole or on the GPUs."""
 
 
 @dataclass(frozen=True, slots=True)

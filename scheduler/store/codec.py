@@ -26,6 +26,8 @@ _JOB_FIELDS = JobRecord.__slots__
 _WAITER_FIELDS = Waiter.__slots__
 _SWITCH_FIELDS = Switch.__slots__
 _SWITCH_TUPLES = ("evict", "candidates", "fence")
+#: JobRecord fields that are tuples (stored as lists; absent in records stored before them).
+_JOB_TUPLES = ("discarded", "parked_parts")
 # The spec changes rarely: keep its encoding per group, reused while the object is the same.
 _spec_cache: dict[str, tuple[GroupSpec, dict[str, Any]]] = {}
 
@@ -49,6 +51,18 @@ def _encode_switch(switch: Switch | None) -> dict[str, Any] | None:
     data = _fields(switch, _SWITCH_FIELDS)
     data["purpose"] = switch.purpose.value
     for name in _SWITCH_TUPLES:
+        data[name] = list(data[name])
+    return data
+
+
+def _decode_job(data: dict[str, Any]) -> JobRecord:
+    tuples = {name: tuple(data.get(name, ())) for name in _JOB_TUPLES}
+    return JobRecord(**{**data, **tuples})
+
+
+def _encode_job(record: JobRecord) -> dict[str, Any]:
+    data = _fields(record, _JOB_FIELDS)
+    for name in _JOB_TUPLES:
         data[name] = list(data[name])
     return data
 
@@ -106,7 +120,7 @@ _PLAIN = (
 #: Fields stored converted (tuples as lists, records as dicts): name -> how to decode.
 _DECODE: dict[str, Callable[[Any], Any]] = {
     "spec": GroupSpec.model_validate,
-    "jobs": lambda jobs: {j["name"]: JobRecord(**j) for j in jobs},
+    "jobs": lambda jobs: {j["name"]: _decode_job(j) for j in jobs},
     "queue": lambda queue: tuple(Waiter(**w) for w in queue),
     "placement": _decode_placement,
     "switch": _decode_switch,
@@ -141,7 +155,7 @@ def encode_group(state: GroupState) -> dict[str, Any]:
     return {
         "v": SCHEMA_VERSION,
         "spec": _encode_spec(state.spec),
-        "jobs": [_fields(record, _JOB_FIELDS) for record in state.jobs.values()],
+        "jobs": [_encode_job(record) for record in state.jobs.values()],
         "holder": state.holder,
         "holder_since": state.holder_since,
         "queue": [_fields(w, _WAITER_FIELDS) for w in state.queue],

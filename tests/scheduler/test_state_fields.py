@@ -48,6 +48,8 @@ def _full_state() -> GroupState:
             last_served_at=100.0 + i,
             phase="rollout",
             lock_only=True,
+            discarded=("kv_cache",),
+            parked_parts=("optimizer", f"w{n}"),
         )
         for i, n in enumerate("abcde")
     }

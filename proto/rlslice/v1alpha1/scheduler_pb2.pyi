@@ -471,6 +471,8 @@ class JobStatus(google.protobuf.message.Message):
     LOCK_ONLY_FIELD_NUMBER: builtins.int
     PHASE_FIELD_NUMBER: builtins.int
     LAST_SERVED_AT_FIELD_NUMBER: builtins.int
+    PARKED_PARTS_FIELD_NUMBER: builtins.int
+    DISCARDED_PARTS_FIELD_NUMBER: builtins.int
     job: builtins.str
     """Job id."""
     state: global___JobState.ValueType
@@ -493,6 +495,16 @@ class JobStatus(google.protobuf.message.Message):
     """The phase the job last asked for: the one it waits for, or holds."""
     last_served_at: builtins.float
     """Unix time the job's last hold ended (POLICY_LRS orders by it); 0 when never served."""
+    @property
+    def parked_parts(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """Tags in host memory while only some of the job's parts are parked (the rest stayed on
+        the device); empty when it is parked whole or on the GPUs.
+        """
+
+    @property
+    def discarded_parts(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """Tags of its `discard` parts freed while parked, not yet told to the job by a grant."""
+
     def __init__(
         self,
         *,
@@ -506,8 +518,10 @@ class JobStatus(google.protobuf.message.Message):
         lock_only: builtins.bool = ...,
         phase: builtins.str = ...,
         last_served_at: builtins.float = ...,
+        parked_parts: collections.abc.Iterable[builtins.str] | None = ...,
+        discarded_parts: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["device_bytes", b"device_bytes", "held_seconds", b"held_seconds", "job", b"job", "last_served_at", b"last_served_at", "lease_expires_at", b"lease_expires_at", "lock_only", b"lock_only", "phase", b"phase", "queue_position", b"queue_position", "reason", b"reason", "state", b"state"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["device_bytes", b"device_bytes", "discarded_parts", b"discarded_parts", "held_seconds", b"held_seconds", "job", b"job", "last_served_at", b"last_served_at", "lease_expires_at", b"lease_expires_at", "lock_only", b"lock_only", "parked_parts", b"parked_parts", "phase", b"phase", "queue_position", b"queue_position", "reason", b"reason", "state", b"state"]) -> None: ...
 
 global___JobStatus = JobStatus
 
@@ -793,6 +807,7 @@ class Grant(google.protobuf.message.Message):
     MOVED_BYTES_FIELD_NUMBER: builtins.int
     GROUP_FIELD_NUMBER: builtins.int
     JOB_FIELD_NUMBER: builtins.int
+    DISCARDED_FIELD_NUMBER: builtins.int
     epoch: builtins.int
     """The group's epoch after this grant."""
     waited_seconds: builtins.float
@@ -807,6 +822,12 @@ class Grant(google.protobuf.message.Message):
     """Group id."""
     job: builtins.str
     """Job id."""
+    @property
+    def discarded(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """Tags of the job's `discard` parts freed (never copied) while it was parked, since its
+        last grant: the job rebuilds them. Empty when nothing of it was discarded.
+        """
+
     def __init__(
         self,
         *,
@@ -817,8 +838,9 @@ class Grant(google.protobuf.message.Message):
         moved_bytes: builtins.int = ...,
         group: builtins.str = ...,
         job: builtins.str = ...,
+        discarded: collections.abc.Iterable[builtins.str] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["epoch", b"epoch", "group", b"group", "job", b"job", "moved_bytes", b"moved_bytes", "restored", b"restored", "switch_seconds", b"switch_seconds", "waited_seconds", b"waited_seconds"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["discarded", b"discarded", "epoch", b"epoch", "group", b"group", "job", b"job", "moved_bytes", b"moved_bytes", "restored", b"restored", "switch_seconds", b"switch_seconds", "waited_seconds", b"waited_seconds"]) -> None: ...
 
 global___Grant = Grant
 
