@@ -2,7 +2,11 @@
 jobs, epoch, last switch, switches, busy), or `--json`.
 
 "lock only" lists the jobs no agent of the group knew when they registered: they take turns
-on the lock, but their switches move nothing of them (`rlslice.scheduler.core.registration`)."""
+on the lock, but their switches move nothing of them (`rlslice.scheduler.core.registration`).
+"parked" names, after a partly parked job, which of its tagged parts are in host memory
+and which were discarded (`job-a (parked p3; discarded p0)`; the rest stayed on the
+device), from the job's `parked_parts` and `discarded_parts`; a job parked whole stands
+alone."""
 
 from __future__ import annotations
 
@@ -116,7 +120,7 @@ def _rows(groups: list[Any]) -> list[tuple[str, ...]]:
                 g.holder or "-",
                 ", ".join(g.queue) or "-",
                 ", ".join(g.resident) or "-",
-                ", ".join(g.parked) or "-",
+                ", ".join(_parked(g, j) for j in g.parked) or "-",
                 ", ".join(j.job for j in g.jobs if j.lock_only) or "-",
                 str(g.epoch),
                 last,
@@ -125,6 +129,19 @@ def _rows(groups: list[Any]) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def _parked(group: Any, job: str) -> str:
+    """`job`, with its parked and discarded parts when only some of its parts moved."""
+    shown = next((j for j in group.jobs if j.job == job), None)
+    if shown is None:
+        return job
+    bits = [
+        f"{word} {' '.join(tags)}"
+        for word, tags in (("parked", shown.parked_parts), ("discarded", shown.discarded_parts))
+        if tags
+    ]
+    return f"{job} ({'; '.join(bits)})" if bits else job
 
 
 def _table(groups: list[Any], console: Any = None) -> None:
