@@ -336,7 +336,14 @@ class Coordinator(_Moving):
         its spilled parts back into host memory now (`Prefetch`), so its restore reads no
         disk. Best effort: a node that fails (or predates the call) is logged, and the
         restore fills from disk there as before. The agents' moves, for the spill lane."""
-        parked = [r.node for r in reports if (j := r.jobs.get(job)) and j.place is Place.PARKED]
+        # Only nodes that answered this round's Status: asking one that did not would hold
+        # the switch slot for its whole deadline and retries, for a fill that is only
+        # an optimisation (the restore fills from disk anyway).
+        parked = [
+            r.node
+            for r in reports
+            if r.answered and (j := r.jobs.get(job)) and j.place is Place.PARKED
+        ]
         request = apb.PrefetchRequest(job=job, group=group)
 
         async def one(node: str) -> tuple[events.NodeMove, ...]:

@@ -190,6 +190,11 @@ class AgentEngine(RegistrationMixin, SwitchingMixin):
             raise FailedPreconditionError(
                 f"group: job {job} is in group {entry.record.group} on node {self.node}"
             )
+        if entry.lock.locked():
+            # The job is moving (or being released) now: a fill ahead of a restore that is
+            # already under way gains nothing, and waiting for it would hold the
+            # scheduler's switch slot until the move ends.
+            return 0
         async with entry.lock:  # no restore or release of the job meanwhile
             if entry.record.state is not state.JobState.PARKED:
                 return 0
