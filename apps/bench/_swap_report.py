@@ -75,9 +75,24 @@ def _report(
         "bit_identical": identical,
         "losses_compared": {"a": len(alone[0]), "b": len(alone[1])},
     }
+    differences = {
+        name: _first_difference(rounds.losses[pids[name]], reference)
+        for name, reference in (("a", alone[0]), ("b", alone[1]))
+        if not identical[name]
+    }
+    if differences:  # which step drifted first says whether a move or the maths did it
+        report["first_difference"] = differences
     report["targets"] = _targets(args, report, rounds, memcpy)
     report["ok"] = all(report["targets"].values())
     return report
+
+
+def _first_difference(swapped: list[str], alone: list[str]) -> dict[str, Any]:
+    """The first step whose loss differs (as float.hex()), or the lengths when one is short."""
+    for index, (got, want) in enumerate(zip(swapped, alone, strict=False)):
+        if got != want:
+            return {"step": index, "swapped": got, "alone": want}
+    return {"swapped_steps": len(swapped), "alone_steps": len(alone)}
 
 
 def _targets(

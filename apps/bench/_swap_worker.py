@@ -35,6 +35,10 @@ def _build(args: argparse.Namespace) -> _Job:
 
     from rlslice.client.offload import TorchOffloader
 
+    if args.cpu:
+        # One thread: a CPU op's reduction order follows the threads OpenMP actually gets,
+        # and a loaded machine (CI) may give fewer than asked, which changes the bits.
+        torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(args.seed)

@@ -48,6 +48,8 @@ from rlslice.apps.bench._swap_report import _report, _Rounds, _summary, _text
 from rlslice.snapshot_agent.backends.base import OffloadAction, WorkloadAnswer
 
 _ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONSAFEPATH": "1"}
+_CPU_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""CPU workers (`--cpu`, the tests' plumbing run) compute on one thread: see `_swap_worker`."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +128,7 @@ class SwapWorker:
             *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, **_ENV},
+            env={**os.environ, **_ENV, **(_CPU_ENV if args.cpu else {})},
         )
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 300)

@@ -59,7 +59,7 @@ def test_the_swap_bench_plumbing_keeps_losses_bit_identical_on_cpu() -> None:
     result = bench("--cpu", "--gib", "0.002", "--swaps", "2", "--steps", "2", "--json")
     assert result.returncode in (0, 1), result.stderr
     report = json.loads(result.stdout)
-    assert report["bit_identical"] == {"a": True, "b": True}
+    assert report["bit_identical"] == {"a": True, "b": True}, report.get("first_difference")
     assert report["losses_compared"] == {"a": 4, "b": 2}
     assert report["snapshot_d2h"]["bytes"] > 0.002 * (1 << 30) * 0.9
     assert len(report["snapshot_d2h"]["seconds_all"]) == 3  # park b, then two swaps
@@ -72,7 +72,7 @@ def test_overlapped_switches_in_the_swap_bench_keep_losses_bit_identical_on_cpu(
     result = bench("--cpu", "--gib", "0.002", "--swaps", "2", "--steps", "2", "--overlap", "--json")
     assert result.returncode in (0, 1), result.stderr
     report = json.loads(result.stdout)
-    assert report["bit_identical"] == {"a": True, "b": True}
+    assert report["bit_identical"] == {"a": True, "b": True}, report.get("first_difference")
     assert report["losses_compared"] == {"a": 6, "b": 4}  # 2 serial + 2 overlapped switches
     assert len(report["overlapped_switch"]["seconds_all"]) == 2
     assert "overlapped_within_1.2x_max_memcpy_plus_50ms" in report["targets"]
