@@ -8,6 +8,12 @@ resizes each storage back and copies the bytes in. The storage objects are the s
 every tensor, view and reference the training code holds stays valid, and the values are
 bit-identical. DISCARD storages are freed without a copy and come back zero-filled.
 
+A partial offload (`offload(offload_tags=[...])`, the agent's partial snapshot, issue 26)
+moves only the storages of the tags it names: those are copied and freed, the discard tags
+are freed without a copy, and every other tag stays resident, untouched. A storage reached
+from a resident tag stays resident even when a moved tag reaches it too (freeing it would
+pull memory from under the resident part). Its result counts the bytes copied only.
+
 Only a storage torch lets resize can be freed in place: one shared with NumPy (`.numpy()`,
 `torch.from_numpy`) or another foreign owner is refused at `register()` (and at an offload,
 for optimizer state and gradients that appeared since), naming the tensor, before
@@ -86,6 +92,9 @@ class TorchOffloader:
     ```
     """
 
+    splits_parts = True
+    """Takes partial offloads (`offload_tags`): the workload loop hands it only its tags."""
+
     def __init__(
         self,
         *,
@@ -109,6 +118,8 @@ class TorchOffloader:
         self._limit = pinned_limit_bytes
         self._registered: list[tuple[Any, str, str]] = []
         self._parked: list[_Parked] = []
+        self._copied_only = False
+        """Whether the parked state came from a partial offload (its bytes: those copied)."""
         self._pool: dict[int, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
 
@@ -174,15 +185,24 @@ class TorchOffloader:
             for value in obj:
                 yield from self._tensors(value)
 
-    def _plan(self, discard_tags: Iterable[str]) -> list[tuple[torch.UntypedStorage, bool]]:
-        """Distinct resident storages on the device, each with whether to keep its bytes.
+    def _plan(
+        self, discard_tags: Iterable[str], offload_tags: Iterable[str] | None = None
+    ) -> list[tuple[torch.UntypedStorage, bool]]:
+        """Distinct storages on the device that move, each with whether to keep its bytes.
 
-        A storage reached from both a kept and a discarded tag is kept.
+        Whole (`offload_tags` None): every registered storage moves. Partial: only those of
+        `offload_tags` (kept) and `discard_tags` (dropped); the others stay resident. A
+        storage reached from both a kept and a discarded tag is kept; one reached from a
+        resident tag stays resident.
         """
         drop = set(discard_tags)
+        chosen = None if offload_tags is None else set(offload_tags)
         plan: dict[int, tuple[torch.UntypedStorage, bool]] = {}
+        resident: set[int] = set()
         for obj, tag, mode in self._registered:
-            self._check_resizable(obj, tag)  # state that appeared since registration
+            stays = chosen is not None and tag not in chosen and tag not in drop
+            if not stays:
+                self._check_resizable(obj, tag)  # state that appeared since registration
             keep = mode == OFFLOAD and tag not in drop
             for tensor in self._tensors(obj):
                 if tensor.device.type != self._device_type:
@@ -191,8 +211,11 @@ class TorchOffloader:
                 if storage.nbytes() == 0:
                     continue
                 key = storage.data_ptr()
+                if stays:
+                    resident.add(key)
+                    continue
                 plan[key] = (storage, keep or (key in plan and plan[key][1]))
-        return list(plan.values())
+        return [entry for key, entry in plan.items() if key not in resident]
 
     # --- moving -----------------------------------------------------------------------
 
@@ -222,16 +245,25 @@ class TorchOffloader:
                     src[start : start + self._chunk], non_blocking=True
                 )
 
-    def offload(self, discard_tags: Sequence[str] = ()) -> OffloadResult:
+    def offload(
+        self, discard_tags: Sequence[str] = (), *, offload_tags: Sequence[str] | None = None
+    ) -> OffloadResult:
         """Copy kept storages to host memory, then free every planned storage.
 
-        All copies finish before anything is freed: a failure leaves the state as it was.
+        `offload_tags` None: everything registered moves (tags in `discard_tags`, and
+        discard-mode tags, are freed without a copy); the bytes are all those freed. A
+        sequence: a partial offload, only the storages of those tags are copied and freed,
+        those of `discard_tags` freed, every other tag left resident (a storage reached
+        from a resident tag and a moved one stays resident; a discard-mode tag named is
+        freed, never copied); the bytes are those copied. All copies finish before anything
+        is freed: a failure leaves the state as it was. A repeat while offloaded moves
+        nothing; `restore` brings back only what was parked.
         """
         with self._lock:
             start = time.perf_counter()
             if self._parked:
                 return OffloadResult(bytes=0, seconds=0.0)  # a repeat: already offloaded
-            plan = self._plan(discard_tags)
+            plan = self._plan(discard_tags, offload_tags)
             streams: dict[torch.device, Any] = {}
             parked: list[_Parked] = []
             try:
@@ -249,10 +281,14 @@ class TorchOffloader:
             for entry in parked:
                 entry.storage.resize_(0)
             self._parked = parked
+            self._copied_only = offload_tags is not None
             if self._cuda:
                 torch.cuda.empty_cache()  # give the freed blocks back to the driver
-            moved = sum(entry.nbytes for entry in parked)
-            return OffloadResult(bytes=moved, seconds=time.perf_counter() - start)
+            return OffloadResult(bytes=self._counted(parked), seconds=time.perf_counter() - start)
+
+    def _counted(self, entries: Iterable[_Parked]) -> int:
+        """The bytes a move reports: those copied after a partial offload, else all freed."""
+        return sum(e.nbytes for e in entries if e.host is not None or not self._copied_only)
 
     def restore(self) -> OffloadResult:
         """Reallocate every parked storage and copy its bytes back (zeros for DISCARD)."""
@@ -286,8 +322,7 @@ class TorchOffloader:
                 raise
             self._parked = []
             self._recycle(parked)
-            moved = sum(entry.nbytes for entry in parked)
-            return OffloadResult(bytes=moved, seconds=time.perf_counter() - start)
+            return OffloadResult(bytes=self._counted(parked), seconds=time.perf_counter() - start)
 
     def _pooled(self) -> int:
         return sum(b.numel() for buffers in self._pool.values() for b in buffers)
