@@ -96,7 +96,13 @@ class StreamWorkload:
         self.closed = False
 
     async def command(
-        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+        self,
+        action: OffloadAction,
+        *,
+        epoch: int,
+        discard_tags: Sequence[str],
+        timeout: float,
+        offload_tags: Sequence[str] | None = None,
     ) -> WorkloadAnswer:
         if self.closed:
             raise ConnectionError("the workload's stream is closed")
@@ -110,7 +116,12 @@ class StreamWorkload:
         )
         await self._outbox.put(
             agent_pb2.WorkloadCommand(
-                command_id=command_id, action=wire, discard_tags=list(discard_tags), epoch=epoch
+                command_id=command_id,
+                action=wire,
+                discard_tags=list(discard_tags),
+                epoch=epoch,
+                offload_tags=list(offload_tags or ()),
+                partial=offload_tags is not None,
             )
         )
         try:

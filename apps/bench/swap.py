@@ -171,9 +171,18 @@ class PipeLink:
         self.rank: int | None = None
 
     async def command(
-        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+        self,
+        action: OffloadAction,
+        *,
+        epoch: int,
+        discard_tags: Sequence[str],
+        timeout: float,
+        offload_tags: Sequence[str] | None = None,
     ) -> WorkloadAnswer:
-        reply = await self.worker.ask(timeout, op=action.value, discard=list(discard_tags))
+        fields: dict[str, Any] = {"discard": list(discard_tags)}
+        if offload_tags is not None:  # a partial offload; a whole one reads as before
+            fields["offload_tags"] = list(offload_tags)
+        reply = await self.worker.ask(timeout, op=action.value, **fields)
         return WorkloadAnswer(
             reply["ok"], reply.get("bytes", 0), reply.get("seconds", 0.0), reply.get("error", "")
         )

@@ -11,6 +11,13 @@ must be off (the library refuses it); graphs must be captured through its `cuda_
 
 `MemorySaverOffloader` is the `Offloader` the offload loop drives: OFFLOAD pauses, RESTORE
 resumes; bytes are the device memory freed and taken back (NVML, measured around the call).
+
+Parts (issue 26): torch-memory-saver pauses by region tag, so one `MemorySaverOffloader`
+moves its region tag (`tag=`), or every region (no tag; its tag reads "all"), whole. For
+partial moves a job runs one per region tag (`[MemorySaverOffloader(tag="weights"),
+MemorySaverOffloader(tag="optimizer")]`, the regions opened with those tags): the offload
+loop pauses those whose tag a partial command names and leaves the others resident. With
+no tag, a partial command naming other tags is refused: the transparent path moves whole.
 """
 
 from __future__ import annotations

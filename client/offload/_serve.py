@@ -13,20 +13,32 @@ a later RESTORE brings it back).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
-from rlslice._errors import DeadlineExceededError, InvalidArgumentError, UnavailableError
+from rlslice._errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    UnavailableError,
+)
 from rlslice._ids import validate_id
 from rlslice.adapters.channel import open_channel
 from rlslice.client._backoff import Backoff
 from rlslice.client._local import ENV_AGENT_SOCKET, default_socket_path
 from rlslice.client.offload._http import OffloadHttpServer
-from rlslice.client.offload._types import DISCARD, OFFLOAD, Offloader, OffloadResult
+from rlslice.client.offload._types import (
+    DISCARD,
+    OFFLOAD,
+    Offloader,
+    OffloadResult,
+    PartialOffloader,
+)
 from rlslice.v1alpha1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,7 +59,17 @@ _FATAL = frozenset(
 
 class Combined:
     """Several offloaders as one: offload in order; on a failure, restore those already
-    offloaded (newest first) and raise; restore in reverse order."""
+    offloaded (newest first) and raise; restore in reverse order.
+
+    A partial offload (`offload_tags` given) hands each offloader only its own tags and
+    leaves one that none of the named tags reach alone (resident). An offloader that
+    splits its parts (`splits_parts`, `TorchOffloader`) takes the tags named; any other
+    (vLLM, SGLang, the transparent path) moves whole, so it is moved only when every tag
+    it holds is named, and a partial offload naming some of its tags is refused before
+    anything moves. A named tag that no offloader holds is refused too: nothing would
+    free its memory."""
+
+    splits_parts = True
 
     def __init__(self, offloaders: Sequence[Offloader]) -> None:
         if not offloaders:
@@ -62,12 +84,23 @@ class Combined:
     def tags(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(tag for part in self.parts for tag in part.tags))
 
-    def offload(self, discard_tags: Sequence[str] = ()) -> OffloadResult:
+    def offload(
+        self, discard_tags: Sequence[str] = (), *, offload_tags: Sequence[str] | None = None
+    ) -> OffloadResult:
+        steps = (
+            [(part, _whole_discards(part, discard_tags), None) for part in self.parts]
+            if offload_tags is None
+            else self._partial(discard_tags, offload_tags)
+        )
         done: list[tuple[Offloader, OffloadResult]] = []
         try:
-            for part in self.parts:
-                mine = [t for t in discard_tags if t in part.tags] if DISCARD in part.modes else []
-                done.append((part, part.offload(mine)))
+            for part, mine, copy in steps:
+                if copy is None:
+                    done.append((part, part.offload(mine)))
+                else:
+                    done.append(
+                        (part, cast(PartialOffloader, part).offload(mine, offload_tags=copy))
+                    )
         except BaseException:
             for part, _ in reversed(done):
                 try:
@@ -78,6 +111,39 @@ class Combined:
         return OffloadResult(
             bytes=sum(r.bytes for _, r in done), seconds=sum(r.seconds for _, r in done)
         )
+
+    def _partial(
+        self, discard_tags: Sequence[str], offload_tags: Sequence[str]
+    ) -> list[tuple[Offloader, list[str], list[str] | None]]:
+        """Each offloader a partial offload moves, with its discard tags and its tags to
+        copy (None: moved whole); refused before anything moves (see the class)."""
+        unknown = [t for t in dict.fromkeys([*offload_tags, *discard_tags]) if t not in self.tags]
+        if unknown:
+            raise FailedPreconditionError(
+                f"offload_tags: no offloader of this process holds {', '.join(unknown)} "
+                f"(they hold {', '.join(self.tags) or 'nothing'}); nothing moved"
+            )
+        steps: list[tuple[Offloader, list[str], list[str] | None]] = []
+        for part in self.parts:
+            drops = DISCARD in part.modes
+            discard = [t for t in discard_tags if t in part.tags] if drops else []
+            # A part that cannot discard copies its discard tags instead: nothing is lost.
+            named = [*offload_tags, *([] if drops else discard_tags)]
+            copy = [t for t in dict.fromkeys(named) if t in part.tags and t not in discard]
+            if not copy and not discard:
+                continue  # none of its tags move: it stays resident
+            if getattr(part, "splits_parts", False) is True:
+                steps.append((part, discard, copy))
+                continue
+            left = [t for t in part.tags if t not in copy and t not in discard]
+            if left:
+                raise FailedPreconditionError(
+                    f"{type(part).__name__} moves its tags ({', '.join(part.tags)}) together, "
+                    f"not by part: a partial offload of {', '.join([*copy, *discard])} would "
+                    f"leave {', '.join(left)} resident; nothing moved"
+                )
+            steps.append((part, discard, None))
+        return steps
 
     def restore(self) -> OffloadResult:
         results: list[OffloadResult] = []
@@ -94,12 +160,27 @@ class Combined:
         )
 
 
+def _whole_discards(part: Offloader, discard_tags: Sequence[str]) -> list[str]:
+    """The discard tags of a whole offload that one offloader acts on: its own, if it can
+    discard (one that cannot copies them instead)."""
+    return [t for t in discard_tags if t in part.tags] if DISCARD in part.modes else []
+
+
 async def answer(
     offloader: Offloader, command: agent_pb2.WorkloadCommand
 ) -> agent_pb2.WorkloadReply:
-    """Run one command in a thread; the reply carries bytes and seconds, or the error."""
+    """Run one command in a thread; the reply carries bytes and seconds, or the error.
+
+    A partial OFFLOAD (`partial` set: copy `offload_tags`, free `discard_tags`, leave the
+    rest) goes through `Combined`, which hands each offloader its own tags."""
     try:
-        if command.action == agent_pb2.WorkloadCommand.ACTION_OFFLOAD:
+        if command.action == agent_pb2.WorkloadCommand.ACTION_OFFLOAD and command.partial:
+            parts = offloader if isinstance(offloader, Combined) else Combined([offloader])
+            offload = functools.partial(
+                parts.offload, list(command.discard_tags), offload_tags=list(command.offload_tags)
+            )
+            result = await asyncio.to_thread(offload)
+        elif command.action == agent_pb2.WorkloadCommand.ACTION_OFFLOAD:
             result = await asyncio.to_thread(offloader.offload, list(command.discard_tags))
         elif command.action == agent_pb2.WorkloadCommand.ACTION_RESTORE:
             result = await asyncio.to_thread(offloader.restore)

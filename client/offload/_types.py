@@ -1,4 +1,5 @@
-"""What every offloader is: modes, tags, and two calls the workload loop makes."""
+"""What every offloader is: modes, tags, and two calls the workload loop makes; and what
+one that splits its state into parts adds (`PartialOffloader`)."""
 
 from __future__ import annotations
 
@@ -47,4 +48,21 @@ class Offloader(Protocol):
 
     def restore(self) -> OffloadResult:
         """Bring back what `offload` freed."""
+        ...
+
+
+@runtime_checkable
+class PartialOffloader(Offloader, Protocol):
+    """An offloader that moves its tags separately (a partial offload, issue 26): it sets
+    `splits_parts = True` and its `offload` takes `offload_tags`. The workload loop moves
+    any other offloader whole, and only when a partial command names all its tags."""
+
+    splits_parts: bool
+
+    def offload(
+        self, discard_tags: Sequence[str] = (), *, offload_tags: Sequence[str] | None = None
+    ) -> OffloadResult:
+        """As `Offloader.offload` for `offload_tags` None; otherwise copy only the tags of
+        `offload_tags`, free those of `discard_tags`, leave every other tag resident, and
+        count the bytes copied."""
         ...

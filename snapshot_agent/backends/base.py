@@ -65,9 +65,19 @@ class WorkloadLink(Protocol):
     """Its torch.distributed rank (`RANK` in its environment), None when it has none."""
 
     async def command(
-        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+        self,
+        action: OffloadAction,
+        *,
+        epoch: int,
+        discard_tags: Sequence[str],
+        timeout: float,
+        offload_tags: Sequence[str] | None = None,
     ) -> WorkloadAnswer:
-        """Send a command and wait for its answer (raises TimeoutError past `timeout`)."""
+        """Send a command and wait for its answer (raises TimeoutError past `timeout`).
+
+        `offload_tags` (an OFFLOAD only): None moves everything; a sequence makes the
+        offload partial: only those tags are copied, `discard_tags` freed, every other tag
+        left on the device (empty: copy nothing)."""
         ...
 
 

@@ -57,7 +57,13 @@ class RankLink:
         self.offloaded = False
 
     async def command(
-        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+        self,
+        action: OffloadAction,
+        *,
+        epoch: int,
+        discard_tags: Sequence[str],
+        timeout: float,
+        offload_tags: Sequence[str] | None = None,
     ) -> WorkloadAnswer:
         self.commands.append(action)
         if action is OffloadAction.OFFLOAD:

@@ -708,11 +708,23 @@ class WorkloadCommand(google.protobuf.message.Message):
     ACTION_FIELD_NUMBER: builtins.int
     DISCARD_TAGS_FIELD_NUMBER: builtins.int
     EPOCH_FIELD_NUMBER: builtins.int
+    OFFLOAD_TAGS_FIELD_NUMBER: builtins.int
+    PARTIAL_FIELD_NUMBER: builtins.int
     command_id: builtins.int
     action: global___WorkloadCommand.Action.ValueType
     epoch: builtins.int
+    partial: builtins.bool
+    """Whether this OFFLOAD is partial (moves only offload_tags and discard_tags); unset, it
+    moves everything, as a workload of an older build does.
+    """
     @property
     def discard_tags(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]: ...
+    @property
+    def offload_tags(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
+        """For a partial OFFLOAD (`partial` set, issue 26): the tags to copy to host memory; the
+        discard_tags are freed, every other tag stays on the device. Empty: copy nothing.
+        """
+
     def __init__(
         self,
         *,
@@ -720,8 +732,10 @@ class WorkloadCommand(google.protobuf.message.Message):
         action: global___WorkloadCommand.Action.ValueType = ...,
         discard_tags: collections.abc.Iterable[builtins.str] | None = ...,
         epoch: builtins.int = ...,
+        offload_tags: collections.abc.Iterable[builtins.str] | None = ...,
+        partial: builtins.bool = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["action", b"action", "command_id", b"command_id", "discard_tags", b"discard_tags", "epoch", b"epoch"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["action", b"action", "command_id", b"command_id", "discard_tags", b"discard_tags", "epoch", b"epoch", "offload_tags", b"offload_tags", "partial", b"partial"]) -> None: ...
 
 global___WorkloadCommand = WorkloadCommand
 

@@ -45,7 +45,13 @@ class RecordingLink:
         self.commands: list[OffloadAction] = []
 
     async def command(
-        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+        self,
+        action: OffloadAction,
+        *,
+        epoch: int,
+        discard_tags: Sequence[str],
+        timeout: float,
+        offload_tags: Sequence[str] | None = None,
     ) -> WorkloadAnswer:
         self.commands.append(action)
         return WorkloadAnswer(ok=True, bytes=1024 if action is OffloadAction.OFFLOAD else 0)

@@ -39,6 +39,7 @@ from rlslice.client.offload import (  # noqa: E402
     VllmOffloader,
     serve_offload,
 )
+from rlslice.client.offload._serve import Combined  # noqa: E402
 from rlslice.snapshot_agent.backends.app import AppBackend  # noqa: E402
 from rlslice.snapshot_agent.backends.base import (  # noqa: E402
     BackendContext,
@@ -61,13 +62,28 @@ class InProcessLink:
         self.pid = 0
         self.rank: int | None = None
         self.commands: list[tuple[OffloadAction, tuple[str, ...]]] = []
+        self.offload_tags: list[tuple[str, ...] | None] = []
+        """Each command's tags to copy (None: not a partial offload)."""
 
     async def command(
-        self, action: OffloadAction, *, epoch: int, discard_tags: Sequence[str], timeout: float
+        self,
+        action: OffloadAction,
+        *,
+        epoch: int,
+        discard_tags: Sequence[str],
+        timeout: float,
+        offload_tags: Sequence[str] | None = None,
     ) -> WorkloadAnswer:
         self.commands.append((action, tuple(discard_tags)))
+        self.offload_tags.append(None if offload_tags is None else tuple(offload_tags))
         try:
-            if action is OffloadAction.OFFLOAD:
+            if action is OffloadAction.OFFLOAD and offload_tags is not None:
+                result = await asyncio.to_thread(
+                    lambda: Combined([self.offloader]).offload(
+                        discard_tags, offload_tags=offload_tags
+                    )
+                )
+            elif action is OffloadAction.OFFLOAD:
                 result = await asyncio.to_thread(self.offloader.offload, discard_tags)
             else:
                 result = await asyncio.to_thread(self.offloader.restore)

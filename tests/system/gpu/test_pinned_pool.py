@@ -90,9 +90,13 @@ async def test_the_workload_loops_answer_carries_the_pinned_bytes() -> None:
 class PinnedLink(InProcessLink):
     """The in-process link, answering with the pinned bytes as the workload loop does."""
 
-    async def command(self, action, *, epoch, discard_tags, timeout):  # type: ignore[no-untyped-def]
+    async def command(self, action, *, epoch, discard_tags, timeout, offload_tags=None):  # type: ignore[no-untyped-def]
         found = await super().command(
-            action, epoch=epoch, discard_tags=discard_tags, timeout=timeout
+            action,
+            epoch=epoch,
+            discard_tags=discard_tags,
+            timeout=timeout,
+            offload_tags=offload_tags,
         )
         from dataclasses import replace
 
