@@ -20,9 +20,22 @@ process has exited is dropped from the job with a warning and the others move wi
 it: its state is gone with it, the job's other ranks learn it at their next collective,
 and the group goes on. Only the job named is ever commanded.
 
+Parts (issue 26): a workload's tags are the job's parts. A partial snapshot (the
+`offload_tags` option present, `OFFLOAD_TAGS_OPTION`) sends every rank the tags it holds of
+those to copy and of the discard tags to free; every other tag stays on the device (a
+workload that cannot DISCARD copies its discard tags instead). An empty value copies
+nothing. A tag named that no workload of the job on this node holds is refused before
+anything moves (an options error: its memory would stay on the device while the scheduler
+counts it free). The bytes reported are those copied, as `sim` reports them; the restore
+brings back only what was parked. In the job, `TorchOffloader` moves by tag; an offloader
+that moves whole (vLLM, SGLang, one `MemorySaverOffloader`) moves only when every tag it
+holds is named, and refuses, with nothing moved, a partial offload naming some of them:
+then the others are restored and the snapshot fails, as any failed offload does.
+
 No privileges, no driver API: torch tensors move to pinned host buffers, vLLM sleeps,
 SGLang releases memory. Options (validated models): per move `AppJobOptions`
-(`discard_tags`, `fence`, `epoch`), agent level `AppOptions` (`rollback_seconds`, 60).
+(`discard_tags`, `fence`, `epoch`; the scheduler's `offload_tags` is read as it is, an
+empty value included), agent level `AppOptions` (`rollback_seconds`, 60).
 
 A fencing snapshot (option `fence=1`: the scheduler fences a holder whose lease lapsed,
 which may be mid-step) never offloads: an offload under a running step would move tensors
@@ -36,10 +49,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlslice.config import OFFLOAD_TAGS_OPTION
 from rlslice.snapshot_agent.backends import _freeze, _options
 from rlslice.snapshot_agent.backends._nvml import Nvml, NvmlUnavailable, known_total
 from rlslice.snapshot_agent.backends.base import (
@@ -51,6 +66,7 @@ from rlslice.snapshot_agent.backends.base import (
     JobHandle,
     MoveOutcome,
     OffloadAction,
+    OptionsError,
     ProbeResult,
     WorkloadAnswer,
     WorkloadLink,
@@ -92,11 +108,54 @@ def discard_tags(job: JobHandle) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*job.discard_tags, *(tag for tag in configured if tag)]))
 
 
+def offload_tags(job: JobHandle) -> tuple[str, ...] | None:
+    """A partial snapshot's tags to copy (`OFFLOAD_TAGS_OPTION`; stripped, empty entries
+    dropped); None for a whole snapshot."""
+    raw = job.options.get(OFFLOAD_TAGS_OPTION)
+    if raw is None:  # read here, not through AppJobOptions: an empty value counts too
+        return None
+    return tuple(dict.fromkeys(tag.strip() for tag in raw.split(",") if tag.strip()))
+
+
 def _tags_for(link: WorkloadLink, wanted: Sequence[str]) -> list[str]:
     """The discard tags one workload can act on: its own tags, if it supports DISCARD."""
     if "discard" not in link.modes:
         return []  # it will offload those tags instead: contents survive, nothing is lost
     return [tag for tag in wanted if tag in link.tags]
+
+
+@dataclass(frozen=True)
+class _Order:
+    """What one workload is told at a snapshot."""
+
+    discard: list[str]
+    copy: list[str] | None = None
+    """The tags to copy of a partial snapshot; None: a whole one."""
+
+
+def _order(link: WorkloadLink, wanted: Sequence[str], copy: Sequence[str] | None) -> _Order:
+    """One workload's share of a snapshot: its discard tags and, for a partial one, its
+    tags to copy (a tag both copied and discarded is copied, as on `sim`; one it cannot
+    discard is copied instead)."""
+    discard = _tags_for(link, wanted)
+    if copy is None:
+        return _Order(discard)
+    named = [*copy, *([] if "discard" in link.modes else wanted)]
+    mine = [tag for tag in dict.fromkeys(named) if tag in link.tags]
+    return _Order([tag for tag in discard if tag not in mine], mine)
+
+
+def _refuse_unheld(job: JobHandle, links: Sequence[WorkloadLink], copy: Sequence[str]) -> None:
+    """Refuse a partial snapshot naming a tag no workload of the job here holds: nothing
+    would free its memory while the scheduler counts it free."""
+    held = {tag for link in links for tag in link.tags}
+    unheld = [tag for tag in dict.fromkeys([*copy, *job.discard_tags]) if tag not in held]
+    if unheld:
+        raise OptionsError(
+            f"app: partial snapshot of job {job.job}: no workload of it on this node holds "
+            f"{', '.join(unheld)} (they hold {', '.join(sorted(held)) or 'no tag'}); "
+            "nothing moved"
+        )
 
 
 class AppBackend(BackendBase):
@@ -105,6 +164,8 @@ class AppBackend(BackendBase):
     name: ClassVar[str] = "app"
     needs_workloads: ClassVar[bool] = True
     """The agent lets a just-registered job's stream attach before moving it."""
+    splits_parts: ClassVar[bool] = True
+    """Takes partial snapshots (`OFFLOAD_TAGS_OPTION`): the workloads move by tag."""
 
     def __init__(self, context: BackendContext, *, nvml: Nvml | None = None) -> None:
         self._context = context
@@ -126,21 +187,31 @@ class AppBackend(BackendBase):
         action: OffloadAction,
         *,
         epoch: int,
-        tags: Sequence[Sequence[str]],
+        orders: Sequence[_Order],
         deadline: float,
     ) -> list[WorkloadAnswer | BaseException]:
         timeout = max(0.0, deadline - time.time())
 
-        async def one(link: WorkloadLink, discard: Sequence[str]) -> WorkloadAnswer:
+        async def one(link: WorkloadLink, order: _Order) -> WorkloadAnswer:
             if timeout <= 0:
                 raise TimeoutError("deadline passed before the command was sent")
-            return await asyncio.wait_for(
-                link.command(action, epoch=epoch, discard_tags=discard, timeout=timeout), timeout
-            )
+            if order.copy is None:  # a whole move: what every link has always been sent
+                sent = link.command(
+                    action, epoch=epoch, discard_tags=order.discard, timeout=timeout
+                )
+            else:
+                sent = link.command(
+                    action,
+                    epoch=epoch,
+                    discard_tags=order.discard,
+                    timeout=timeout,
+                    offload_tags=order.copy,
+                )
+            return await asyncio.wait_for(sent, timeout)
 
         return list(
             await asyncio.gather(
-                *(one(link, t) for link, t in zip(links, tags, strict=True)),
+                *(one(link, o) for link, o in zip(links, orders, strict=True)),
                 return_exceptions=True,
             )
         )
@@ -187,11 +258,14 @@ class AppBackend(BackendBase):
             return MoveOutcome(bytes=0, seconds=time.monotonic() - start)
         links = self._links(job)
         wanted = discard_tags(job)
+        copy = offload_tags(job)
+        if copy is not None:
+            _refuse_unheld(job, links, copy)
         answers = await self._send(
             links,
             OffloadAction.OFFLOAD,
             epoch=self._epoch(job),
-            tags=[_tags_for(link, wanted) for link in links],
+            orders=[_order(link, wanted, copy) for link in links],
             deadline=deadline,
         )
         failures = [(i, a) for i, a in enumerate(answers) if _failed(a)]
@@ -228,7 +302,7 @@ class AppBackend(BackendBase):
             links,
             OffloadAction.RESTORE,
             epoch=self._epoch(job),
-            tags=[[] for _ in links],
+            orders=[_Order([]) for _ in links],
             deadline=time.time() + seconds,
         )
         for answer in answers:
@@ -245,7 +319,7 @@ class AppBackend(BackendBase):
             links,
             OffloadAction.RESTORE,
             epoch=epoch,
-            tags=[[] for _ in links],
+            orders=[_Order([]) for _ in links],
             deadline=deadline,
         )
         failures = [(i, a) for i, a in enumerate(answers) if _failed(a)]

@@ -1,5 +1,7 @@
 """A partial snapshot (the `offload_tags` option) is refused FAILED_PRECONDITION, before
-anything moves, by a backend that cannot split a job into parts; `sim` takes it."""
+anything moves, by a backend that cannot split a job into parts (`cuda` and
+`cuda-checkpoint` move whole processes); `sim` and `app` take it (`app`'s partial moves:
+tests/system/gpu/test_app_parts.py)."""
 
 from __future__ import annotations
 
@@ -52,3 +54,13 @@ async def test_a_backend_that_moves_whole_processes_refuses_a_partial_snapshot(
     )
     assert done.state == apb.AGENT_JOB_STATE_PARKED
     assert done.bytes == 0  # no tag chosen: nothing copied, every part left on the device
+
+
+def test_only_the_backends_that_move_by_tag_split_a_job_into_parts() -> None:
+    from importlib.metadata import entry_points
+
+    splits = {
+        entry.name: getattr(entry.load(), "splits_parts", False)
+        for entry in entry_points(group="rlslice.backends")
+    }
+    assert splits == {"sim": True, "app": True, "cuda": False, "cuda-checkpoint": False}
