@@ -66,9 +66,10 @@ from rlslice.v1alpha1 import agent_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-PARTIAL_BACKENDS = frozenset({"sim"})
-"""Backends whose agents move a job's tagged parts one by one (issue 26); a job of another
-backend moves whole, whatever parts it declared (cuda and cuda-checkpoint move processes)."""
+PARTIAL_BACKENDS = frozenset({"sim", "app"})
+"""Backends whose agents move a job's tagged parts one by one (issue 26: `sim` emulates them,
+`app` offloads a workload's tensors by tag); a job of another backend moves whole, whatever
+parts it declared (cuda and cuda-checkpoint move processes)."""
 
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE}
 #: How a call that went out can end without an answer: what the node did is unknown.
