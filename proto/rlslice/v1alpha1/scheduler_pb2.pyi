@@ -268,7 +268,7 @@ class JobSpec(google.protobuf.message.Message):
     @property
     def parts(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___StatePart]:
         """The job's device state on each node as tagged parts: a switch away from it moves only
-        the parts the incoming job needs room for (backends that split parts: sim). Empty: it
+        the parts the incoming job needs room for (backends that split parts: sim, app). Empty: it
         moves whole.
         """
 
