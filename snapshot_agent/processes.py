@@ -65,23 +65,54 @@ def alive(ref: ProcessRef) -> bool:
 
 def family(refs: Iterable[ProcessRef]) -> tuple[int, ...]:
     """Pids of the live processes among `refs` and of all their descendants, sorted."""
-    pids: set[int] = set()
-    for ref in refs:
-        if not alive(ref):
-            continue
-        pids.add(ref.pid)
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            for child in psutil.Process(ref.pid).children(recursive=True):
-                if child.status() != psutil.STATUS_ZOMBIE:
-                    pids.add(child.pid)
-    return tuple(sorted(pids))
+    return families([refs])[0]
 
 
 def families(groups: Sequence[Iterable[ProcessRef]]) -> list[tuple[int, ...]]:
-    """`family` of each group of refs, from one read of the process table (`/proc/*/stat`:
-    a scan per job costs milliseconds on a busy node, and a switch names several jobs)."""
+    """`family` of each group of refs (zombies left out).
+
+    Descendants are read from `/proc/<pid>/task/<tid>/children` (what CRIU walks), so the
+    cost grows with the job's processes, not the node's: a walk of the whole process table
+    cost a millisecond with 70 processes and grows with every pod on a busy node, and a
+    switch and a Status each walk every job. A kernel without those files
+    (CONFIG_PROC_CHILDREN unset) gets one read of the whole table instead."""
+    children = _children_of if HAS_CHILDREN_FILES else _table_children()
+    found = []
+    for refs in groups:
+        todo = [ref.pid for ref in refs if alive(ref)]
+        pids = set(todo)
+        while todo:
+            for child in children(todo.pop()):
+                if child not in pids and _state(child) not in (None, b"Z"):
+                    pids.add(child)
+                    todo.append(child)
+        found.append(tuple(sorted(pids)))
+    return found
+
+
+HAS_CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+"""Whether this kernel lists each thread's children in /proc (CONFIG_PROC_CHILDREN)."""
+
+
+def _children_of(pid: int) -> list[int]:
+    """`pid`'s children, over all its threads (a child belongs to the thread that forked it)."""
+    kids: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids  # gone meanwhile
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                kids.extend(int(child) for child in handle.read().split())
+        except OSError:
+            continue  # the thread exited meanwhile
+    return kids
+
+
+def _table_children() -> Callable[[int], Sequence[int]]:
+    """Children by parent from one read of the whole process table (`/proc/*/stat`)."""
     children: dict[int, list[int]] = {}
-    zombies: set[int] = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -90,21 +121,17 @@ def families(groups: Sequence[Iterable[ProcessRef]]) -> list[tuple[int, ...]]:
                 fields = stat.read().rpartition(b")")[2].split()
         except OSError:
             continue  # gone meanwhile
-        pid = int(name)
-        children.setdefault(int(fields[1]), []).append(pid)
-        if fields[0] == b"Z":
-            zombies.add(pid)
-    found = []
-    for refs in groups:
-        todo = [ref.pid for ref in refs if alive(ref)]
-        pids = set(todo)
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in pids and child not in zombies:
-                    pids.add(child)
-                    todo.append(child)
-        found.append(tuple(sorted(pids)))
-    return found
+        children.setdefault(int(fields[1]), []).append(int(name))
+    return lambda pid: children.get(pid, ())
+
+
+def _state(pid: int) -> bytes | None:
+    """`pid`'s one-letter state from /proc/<pid>/stat, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 class ExitWatcher:
