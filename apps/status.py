@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from rlslice.apps.shared.flags import add_connection_flags, connection_from
+from rlslice.apps.shared.parts import job_with_parts
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -136,12 +137,7 @@ def _parked(group: Any, job: str) -> str:
     shown = next((j for j in group.jobs if j.job == job), None)
     if shown is None:
         return job
-    bits = [
-        f"{word} {' '.join(tags)}"
-        for word, tags in (("parked", shown.parked_parts), ("discarded", shown.discarded_parts))
-        if tags
-    ]
-    return f"{job} ({'; '.join(bits)})" if bits else job
+    return job_with_parts(job, shown.parked_parts, shown.discarded_parts)
 
 
 def _table(groups: list[Any], console: Any = None) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, cast
 from rlslice.apps.shared.flags import add_connection_flags, connection_from
 from rlslice.apps.timeline.trace_export import (
     Event,
+    JobParts,
     Timeline,
     build_timeline,
     chrome_trace,
@@ -160,9 +161,15 @@ async def fetch_events(
 
 
 def event_from_proto(message: scheduler_pb2.GroupEvent) -> Event:
-    """The plain `Event` of a `GroupEvent` (its `status` is left out)."""
+    """The plain `Event` of a `GroupEvent`; of its `status` only the partly parked jobs'
+    parts are kept (`Event.parts`)."""
     from rlslice.v1alpha1 import scheduler_pb2
 
+    parts = tuple(
+        JobParts(j.job, tuple(j.parked_parts), tuple(j.discarded_parts))
+        for j in message.status.jobs
+        if j.parked_parts or j.discarded_parts
+    )
     return Event(
         time=message.time,
         group=message.group,
@@ -173,6 +180,7 @@ def event_from_proto(message: scheduler_pb2.GroupEvent) -> Event:
         bytes=message.bytes,
         detail=message.detail,
         seq=message.seq,
+        parts=parts,
     )
 
 

@@ -16,8 +16,8 @@ How events become intervals (times are Unix seconds):
 |---|---|---|---|
 | job | `held` (named by the phase) | GRANTED(job) | YIELDED, PREEMPTED, LEASE_EXPIRED, UNREGISTERED, FAULTED, FAILED of the job, a GRANTED of another job, GROUP_DELETED |
 | job | `waiting` | QUEUED(job) | GRANTED, CANCELLED, FAILED, FAULTED, LEASE_EXPIRED, UNREGISTERED of the job, GROUP_DELETED |
-| `[switch]` | `switch -> job` | SWITCH_STARTED | SWITCH_DONE / SWITCH_FAILED (or `time - seconds` when the start fell out of the ring) |
-| `[moves]` | `snapshot job` / `restore job` | `time - seconds` | SNAPSHOT_DONE / RESTORE_DONE |
+| `[switch]` | `switch -> job` (`switch job-a (parked p3; discarded p0) -> job` after a partial move) | SWITCH_STARTED | SWITCH_DONE / SWITCH_FAILED (or `time - seconds` when the start fell out of the ring) |
+| `[moves]` | `snapshot job` / `restore job` (`snapshot job (parked p3; discarded p0)` after a partial snapshot) | `time - seconds` | SNAPSHOT_DONE / RESTORE_DONE |
 | `[spill]` | `spill job` / `fill job` (host memory to disk, disk to host memory) | `time - seconds` | SPILL_DONE / FILL_DONE |
 
 An interval still open at the end of the log ends at the last event and says `open`. A wait
@@ -25,6 +25,18 @@ of zero length (an uncontended acquire, QUEUED and GRANTED at the same instant) 
 Intervals that would overlap within one lane spill into a numbered lane (`[moves] #2`), so
 no lane ever holds two overlapping intervals (a Chrome trace needs proper nesting).
 Yields, preemptions, faults, lease expiries, cancellations and failures are instants.
+
+Which parts of a job are parked (issue 26): after a partial switch, the status that comes
+with each event (`GroupEvent.status`) lists, per partly parked job, the tags in host memory
+(`parked_parts`) and the discard parts freed and not yet told to the job (`discarded_parts`);
+`Event.parts` keeps those lists. A snapshot slice names its job's parts; a switch slice
+names the parts of the jobs it snapshotted (the outgoing jobs: SNAPSHOT_DONE events since
+the switch started, or since the last switch when its start fell out of the ring), and each
+such job's lane gets an instant at the switch's end, both named in `rlslice status`'s
+wording (`parked p3; discarded p0`, `rlslice.apps.shared.parts`) and with args
+`{"parked_parts": "p3", "discarded_parts": "p0"}` (an empty list is left out; a switch that
+parked several jobs partly gives each tag list as `job-a: p3; job-c: p1`). A job moved
+whole lists no parts: its slices show as they always did.
 """
 
 from __future__ import annotations
@@ -32,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from rlslice.apps.shared.parts import job_with_parts, parts_words
 
 #: The lanes of switch intervals and of snapshot/restore intervals. Brackets cannot occur in
 #: a job id (a DNS-1123 label), so a job named "switch" gets a lane of its own.
@@ -69,8 +83,29 @@ INSTANT_KINDS = frozenset(
 
 
 @dataclass(frozen=True)
+class JobParts:
+    """One partly parked job's parts, as the status after an event lists them."""
+
+    job: str
+    parked: tuple[str, ...] = ()
+    """Tags in host memory (`JobStatus.parked_parts`); the rest stayed on the device."""
+    discarded: tuple[str, ...] = ()
+    """Tags of discard parts freed, not yet told to the job (`JobStatus.discarded_parts`)."""
+
+    def words(self) -> str:
+        """`parked p3; discarded p0` (`rlslice status`'s wording)."""
+        return parts_words(self.parked, self.discarded)
+
+    def args(self) -> dict[str, str]:
+        """`{"parked_parts": "p3", "discarded_parts": "p0"}`, empty lists left out."""
+        named = (("parked_parts", self.parked), ("discarded_parts", self.discarded))
+        return {key: " ".join(tags) for key, tags in named if tags}
+
+
+@dataclass(frozen=True)
 class Event:
-    """One scheduler event, as plain data (the fields of `GroupEvent` without `status`)."""
+    """One scheduler event, as plain data: the fields of `GroupEvent`, and of its `status`
+    only the parts of the partly parked jobs (`parts`)."""
 
     time: float
     """Unix time of the event."""
@@ -86,6 +121,13 @@ class Event:
     detail: str = ""
     """A phase name or a failure reason."""
     seq: int = 0
+    parts: tuple[JobParts, ...] = ()
+    """The jobs whose parts the status after the event lists (parked or discarded tags),
+    in the status's order; jobs parked whole or on the GPUs are not listed."""
+
+    def parts_of(self, job: str) -> JobParts | None:
+        """`job`'s parts in the status after this event, or None when none are listed."""
+        return next((p for p in self.parts if p.job == job), None)
 
 
 @dataclass(frozen=True)
@@ -146,7 +188,24 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
         bytes=int(data.get("bytes", 0)),
         detail=str(data.get("detail", "")),
         seq=int(data.get("seq", 0)),
+        parts=_parts_from_status(data.get("status")),
     )
+
+
+def _parts_from_status(status: Any) -> tuple[JobParts, ...]:
+    """The parts a `GroupStatus` in JSON form lists (proto field names or their camelCase
+    JSON names, as `MessageToJson` writes them)."""
+    if not isinstance(status, Mapping):
+        return ()
+    found = []
+    for job in status.get("jobs", ()):
+        if not isinstance(job, Mapping):
+            continue
+        parked = tuple(str(t) for t in job.get("parked_parts", job.get("parkedParts", ())))
+        discarded = tuple(str(t) for t in job.get("discarded_parts", job.get("discardedParts", ())))
+        if parked or discarded:
+            found.append(JobParts(str(job.get("job", "")), parked, discarded))
+    return tuple(found)
 
 
 def events_from_json(data: Any) -> list[Event]:
@@ -166,8 +225,9 @@ def events_from_json(data: Any) -> list[Event]:
 
 
 def event_to_dict(event: Event) -> dict[str, Any]:
-    """The proto JSON form of `event` (what `events_from_json` reads back)."""
-    return {
+    """The proto JSON form of `event` (what `events_from_json` reads back); its `status`
+    holds only the jobs' parts, when there are any."""
+    document: dict[str, Any] = {
         "time": event.time,
         "group": event.group,
         "kind": f"EVENT_KIND_{event.kind}",
@@ -178,6 +238,14 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         "detail": event.detail,
         "seq": str(event.seq),
     }
+    if event.parts:
+        document["status"] = {
+            "jobs": [
+                {"job": p.job, "parked_parts": list(p.parked), "discarded_parts": list(p.discarded)}
+                for p in event.parts
+            ]
+        }
+    return document
 
 
 def build_timeline(events: Iterable[Event], group: str = "") -> Timeline:
@@ -217,6 +285,8 @@ class _Fold:
     waiting: dict[str, tuple[float, str]] = field(default_factory=dict)
     """job -> (since, phase)"""
     switch_open: tuple[float, Event] | None = None
+    outgoing: list[str] = field(default_factory=list)
+    """Jobs snapshotted since the last switch started or ended (the switch's outgoing jobs)."""
 
     def feed(self, event: Event) -> None:
         kind, job, t = event.kind, event.job, event.time
@@ -228,6 +298,9 @@ class _Fold:
             self._granted(event)
         elif kind == "SWITCH_STARTED":
             self.switch_open = (t, event)
+            self.outgoing.clear()
+        elif kind == "PREFETCH":  # a side switch's moves are not the next switch's
+            self.outgoing.clear()
         elif kind in ("SWITCH_DONE", "SWITCH_FAILED"):
             self._switch_ended(event)
         elif kind in _MOVE_KINDS:
@@ -263,28 +336,36 @@ class _Fold:
         began = opened[0] if opened else max(self.start, event.time - event.seconds)
         incoming = event.job or (opened[1].job if opened else "")
         outcome = "done" if event.kind == "SWITCH_DONE" else "failed"
-        self.raw.append(
-            Interval(
-                SWITCH_LANE,
-                f"switch -> {incoming}" if incoming else "switch",
-                "switch",
-                began,
-                event.time,
-                _moved_args(event, outcome=outcome),
+        parts = [p for p in map(event.parts_of, self.outgoing) if p is not None]
+        name = "switch"
+        if parts:
+            name += " " + ", ".join(job_with_parts(p.job, p.parked, p.discarded) for p in parts)
+        if incoming:
+            name += f" -> {incoming}"
+        args = _moved_args(event, outcome=outcome)
+        args.update(_switch_parts_args(parts))
+        self.raw.append(Interval(SWITCH_LANE, name, "switch", began, event.time, args))
+        for part in parts:
+            self.instants.append(
+                Instant(part.job, part.words(), event.time, {"epoch": event.epoch, **part.args()})
             )
-        )
         self.switch_open = None
+        self.outgoing.clear()
 
     def _moved(self, event: Event) -> None:
         lane, verb = _MOVE_KINDS[event.kind]
+        name = f"{verb} {event.job}".strip()
+        args = _moved_args(event, node=event.detail)
+        if event.kind == "SNAPSHOT_DONE" and event.job:
+            if event.job not in self.outgoing:
+                self.outgoing.append(event.job)
+            part = event.parts_of(event.job)
+            if part is not None:
+                name = f"{verb} {job_with_parts(part.job, part.parked, part.discarded)}"
+                args.update(part.args())
         self.raw.append(
             Interval(
-                lane,
-                f"{verb} {event.job}".strip(),
-                verb,
-                max(self.start, event.time - event.seconds),
-                event.time,
-                _moved_args(event, node=event.detail),
+                lane, name, verb, max(self.start, event.time - event.seconds), event.time, args
             )
         )
 
@@ -322,6 +403,18 @@ def _moved_args(event: Event, **extra: str) -> dict[str, Any]:
         args["gb_per_s"] = round(event.bytes / event.seconds / 1e9, 3)
     args.update({k: v for k, v in extra.items() if v})
     return args
+
+
+def _switch_parts_args(parts: Sequence[JobParts]) -> dict[str, str]:
+    """The parts a switch parked: one job's tags as they are (`{"parked_parts": "p3"}`),
+    several jobs' prefixed by the job (`job-a: p3; job-c: p1`)."""
+    if len(parts) == 1:
+        return parts[0].args()
+    merged: dict[str, list[str]] = {}
+    for part in parts:
+        for key, tags in part.args().items():
+            merged.setdefault(key, []).append(f"{part.job}: {tags}")
+    return {key: "; ".join(each) for key, each in merged.items()}
 
 
 def _spill(intervals: Sequence[Interval]) -> list[Interval]:

@@ -7,6 +7,7 @@ Case matrix:
 | `--from-log events.json --out t.json --out t.png` | the trace equals the pure export of the log; the PNG is a PNG of sensible size |
 | `--save-log` | the saved log reads back to the same events |
 | proto messages vs their JSON form | `event_from_proto` and the JSON reader agree |
+| a proto event whose status lists a partly parked job (issue 26) | its parts kept, the same from the JSON form; `--save-log` keeps them |
 | no `--out`, a `.txt` `--out`, a missing or malformed log, a negative `--limit` | exit 2, one line naming the flag |
 """
 
@@ -21,7 +22,13 @@ from google.protobuf import json_format
 
 from rlslice.apps.cli import main
 from rlslice.apps.timeline.command import event_from_proto
-from rlslice.apps.timeline.trace_export import build_timeline, chrome_trace, events_from_json
+from rlslice.apps.timeline.trace_export import (
+    JobParts,
+    build_timeline,
+    chrome_trace,
+    event_to_dict,
+    events_from_json,
+)
 from rlslice.v1alpha1 import scheduler_pb2
 
 FIXTURE = Path(__file__).parent / "fixtures" / "events.json"
@@ -100,6 +107,29 @@ def test_proto_events_and_their_json_form_read_the_same() -> None:
     as_json = json.loads(json_format.MessageToJson(message))
     assert events_from_json(as_json) == [event_from_proto(message.events[0])]
     assert event_from_proto(message.events[0]).kind == "SWITCH_DONE"
+
+
+def test_a_proto_event_keeps_the_parts_its_status_lists() -> None:
+    jobs = [
+        scheduler_pb2.JobStatus(job="a", parked_parts=["p3"], discarded_parts=["p0"]),
+        scheduler_pb2.JobStatus(job="b"),
+    ]
+    message = scheduler_pb2.GetEventsResponse(
+        events=[
+            scheduler_pb2.GroupEvent(
+                time=2.0,
+                group="g1",
+                kind=scheduler_pb2.EVENT_KIND_SWITCH_DONE,
+                job="b",
+                status=scheduler_pb2.GroupStatus(parked=["a"], jobs=jobs),
+            )
+        ]
+    )
+    event = event_from_proto(message.events[0])
+    assert event.parts == (JobParts("a", ("p3",), ("p0",)),)
+    assert events_from_json(json.loads(json_format.MessageToJson(message))) == [event]
+    saved = json.loads(json.dumps({"events": [event_to_dict(event)]}))
+    assert events_from_json(saved) == [event]
 
 
 @pytest.mark.parametrize(

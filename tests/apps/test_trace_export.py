@@ -12,7 +12,11 @@ Case matrix:
 | an empty log | an empty timeline and a trace with only the process name |
 | not a list / not objects | ValueError naming the place |
 | the recorded log for the PNG | planner plotter lanes: gpu:<phase>, wait, moves, failed switches, switch markers |
-| random logs (hypothesis) | no two intervals of a lane overlap; no two jobs hold at once; intervals within the log; event_to_dict round-trips |
+| random logs (hypothesis) | no two intervals of a lane overlap; no two jobs hold at once; intervals within the log; event_to_dict round-trips (parts too) |
+| a partial switch (issue 26): the status after it lists the outgoing job's parked and discarded tags | the switch slice, the snapshot slice and an instant on the job's lane name them (`parked p3; discarded p0`, args `parked_parts`/`discarded_parts`), in the trace too |
+| a whole switch | no parts named anywhere; the slices as before |
+| a switch that parks two jobs partly; an earlier partly parked job still listed | each outgoing job named, tags prefixed by job; the earlier job not named |
+| parts in proto JSON (camelCase) and field names | the same parts |
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from rlslice.apps.timeline.trace_export import (
     MOVES_LANE,
     SWITCH_LANE,
     Event,
+    JobParts,
     build_timeline,
     busy_seconds,
     chrome_trace,
@@ -215,6 +220,17 @@ event_lists = st.lists(
         bytes=st.integers(0, 10**12),
         detail=st.sampled_from(["", "rollout", "train", "node-1"]),
         seq=st.integers(0, 10**6),
+        parts=st.lists(
+            st.builds(
+                JobParts,
+                job=st.sampled_from(["a", "b", "c"]),
+                parked=st.lists(st.sampled_from(["p0", "p3"]), max_size=2).map(tuple),
+                discarded=st.lists(st.sampled_from(["p1", "kv"]), min_size=1, max_size=2).map(
+                    tuple
+                ),
+            ),
+            max_size=2,
+        ).map(tuple),
     ),
     max_size=60,
 )
@@ -284,3 +300,127 @@ def test_plot_lanes_give_the_planners_plotter_jobs_moves_and_switches() -> None:
         if lane not in seen:
             seen.append(lane)
     assert seen == ["[switch failed]", MOVES_LANE, f"{MOVES_LANE} #2", "actor-a", "actor-b"]
+
+
+def _switch(*, parts: tuple[JobParts, ...]) -> list[Event]:
+    """`a` holds, yields; the switch to `b` snapshots `a` on one node, restores `b`; the
+    status after the switch lists `parts`."""
+    return [
+        Event(time=1.0, group="g", kind="GRANTED", job="a", epoch=1, detail="rollout"),
+        Event(time=1.5, group="g", kind="QUEUED", job="b", detail="train"),
+        Event(time=2.0, group="g", kind="YIELDED", job="a", epoch=1),
+        Event(time=2.0, group="g", kind="SWITCH_STARTED", job="b", epoch=1, seq=1),
+        Event(
+            time=2.4,
+            group="g",
+            kind="SNAPSHOT_DONE",
+            job="a",
+            epoch=1,
+            seconds=0.3,
+            bytes=2_000_000_000,
+            detail="node-1",
+            seq=2,
+            parts=parts,
+        ),
+        Event(
+            time=2.4,
+            group="g",
+            kind="RESTORE_DONE",
+            job="b",
+            epoch=1,
+            seconds=0.1,
+            bytes=10,
+            detail="node-1",
+            seq=3,
+            parts=parts,
+        ),
+        Event(
+            time=2.4,
+            group="g",
+            kind="SWITCH_DONE",
+            job="b",
+            epoch=1,
+            seconds=0.4,
+            bytes=2_000_000_010,
+            seq=4,
+            parts=parts,
+        ),
+        Event(time=2.4, group="g", kind="GRANTED", job="b", epoch=2, detail="train", seq=5),
+    ]
+
+
+def test_a_partial_switchs_trace_names_the_parked_and_discarded_tags_of_the_outgoing_job() -> None:
+    timeline = build_timeline(_switch(parts=(JobParts("a", ("p3",), ("p0",)),)))
+    (switch,) = [i for i in timeline.intervals if i.category == "switch"]
+    assert switch.name == "switch a (parked p3; discarded p0) -> b"
+    assert switch.args["parked_parts"] == "p3"
+    assert switch.args["discarded_parts"] == "p0"
+    assert switch.args["outcome"] == "done"
+    (snapshot,) = [i for i in timeline.intervals if i.category == "snapshot"]
+    assert snapshot.name == "snapshot a (parked p3; discarded p0)"
+    assert snapshot.args["parked_parts"] == "p3"
+    assert snapshot.args["discarded_parts"] == "p0"
+    (restore,) = [i for i in timeline.intervals if i.category == "restore"]
+    assert restore.name == "restore b"
+    assert "parked_parts" not in restore.args
+    (parked,) = [i for i in timeline.instants if i.lane == "a" and i.name != "yielded"]
+    assert (parked.name, parked.time) == ("parked p3; discarded p0", 2.4)
+    assert parked.args == {"epoch": 1, "parked_parts": "p3", "discarded_parts": "p0"}
+    trace = chrome_trace(timeline)
+    assert json.loads(json.dumps(trace)) == trace
+    by_name = {e["name"]: e for e in trace["traceEvents"] if e["ph"] in ("X", "i")}
+    assert by_name["switch a (parked p3; discarded p0) -> b"]["args"]["parked_parts"] == "p3"
+    assert by_name["parked p3; discarded p0"]["args"]["discarded_parts"] == "p0"
+
+
+def test_a_whole_switch_names_no_parts() -> None:
+    timeline = build_timeline(_switch(parts=()))
+    names = sorted(i.name for i in timeline.intervals)
+    assert names == ["restore b", "rollout", "snapshot a", "switch -> b", "train", "waiting"]
+    assert [i.name for i in timeline.instants] == ["yielded"]
+    for interval in timeline.intervals:
+        assert "parked_parts" not in interval.args
+        assert "discarded_parts" not in interval.args
+
+
+def test_a_job_with_only_discarded_parts_names_just_those() -> None:
+    timeline = build_timeline(_switch(parts=(JobParts("a", (), ("p0",)),)))
+    (switch,) = [i for i in timeline.intervals if i.category == "switch"]
+    assert switch.name == "switch a (discarded p0) -> b"
+    assert "parked_parts" not in switch.args
+    assert switch.args["discarded_parts"] == "p0"
+
+
+def test_a_switch_parking_two_jobs_partly_names_each_and_not_an_earlier_parked_job() -> None:
+    parts = (
+        JobParts("old", ("p9",), ()),  # parked partly by an earlier switch: not this one's
+        JobParts("a", ("p3",), ("p0",)),
+        JobParts("c", ("p1",), ()),
+    )
+    events = _switch(parts=parts)
+    second = Event(
+        time=2.4, group="g", kind="SNAPSHOT_DONE", job="c", epoch=1, seconds=0.2, bytes=5,
+        detail="node-1", seq=2, parts=parts,
+    )  # fmt: skip
+    timeline = build_timeline([*events[:5], second, *events[5:]])
+    (switch,) = [i for i in timeline.intervals if i.category == "switch"]
+    assert switch.name == "switch a (parked p3; discarded p0), c (parked p1) -> b"
+    assert switch.args["parked_parts"] == "a: p3; c: p1"
+    assert switch.args["discarded_parts"] == "a: p0"
+    assert {(i.lane, i.name) for i in timeline.instants} == {
+        ("a", "yielded"),
+        ("a", "parked p3; discarded p0"),
+        ("c", "parked p1"),
+    }
+    assert "old" not in timeline.lanes
+
+
+def test_parts_read_the_same_from_proto_json_names_and_field_names() -> None:
+    base = {"time": 1.0, "group": "g", "kind": "EVENT_KIND_SWITCH_DONE", "job": "b"}
+    camel = {"jobs": [{"job": "a", "parkedParts": ["p3"], "discardedParts": ["p0"]}]}
+    snake = {
+        "jobs": [{"job": "a", "parked_parts": ["p3"], "discarded_parts": ["p0"]}, {"job": "b"}]
+    }
+    assert event_from_dict({**base, "status": camel}).parts == (JobParts("a", ("p3",), ("p0",)),)
+    assert event_from_dict({**base, "status": camel}) == event_from_dict({**base, "status": snake})
+    assert event_from_dict(base).parts == ()
