@@ -69,6 +69,8 @@ class GroupReadout:
     parked: tuple[str, ...]
     faulted: frozenset[str]
     lock_only: frozenset[str]
+    discarded: tuple[str, ...] = ()
+    """The holder's `discarded_parts`: the tags its grant told (to read a lost grant back)."""
 
 
 class SchedulerWire:
@@ -182,12 +184,22 @@ class SchedulerWire:
             landed=(AlreadyExistsError,),
         )
         if isinstance(answer, Landed):
-            # Granted before a restart whose answer was lost: the job holds the group.
+            # Granted before a restart whose answer was lost: the job holds the group, and
+            # its status keeps what that grant told of the discarded parts.
             status = await self.group(lease.group, deadline)
             if status.holder != job:
                 raise answer.error
             waited = asyncio.get_running_loop().time() - started
-            return Grant(status.epoch, waited, False, 0.0, 0, lease.group, job)
+            return Grant(
+                status.epoch,
+                waited,
+                False,
+                0.0,
+                0,
+                lease.group,
+                job,
+                discarded=status.discarded,
+            )
         return Grant(
             epoch=answer.epoch,
             waited_seconds=answer.waited_seconds,
@@ -234,4 +246,7 @@ class SchedulerWire:
             parked=tuple(status.parked),
             faulted=frozenset(j.job for j in status.jobs if j.state == pb.JOB_STATE_FAULTED),
             lock_only=frozenset(j.job for j in status.jobs if j.lock_only),
+            discarded=next(
+                (tuple(j.discarded_parts) for j in status.jobs if j.job == status.holder), ()
+            ),
         )

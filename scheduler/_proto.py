@@ -66,6 +66,7 @@ JOB_WIRE_CARRIES: Mapping[str, str] = {
     "phase": "phase",
     "lock_only": "lock_only",
     "discarded": "discarded_parts",
+    "told_discarded": "discarded_parts",
     "parked_parts": "parked_parts",
 }
 #: Each `JobRecord` field the wire leaves out on purpose -> why.
@@ -114,6 +115,13 @@ def phase(state: GroupState) -> str:
     return "Held" if state.holder else "Idle"
 
 
+def discarded_parts(record: JobRecord) -> tuple[str, ...]:
+    """`JobStatus.discarded_parts`: the tags of the job's discarded parts still to rebuild
+    as far as the scheduler knows: while it holds, those its grant told (`told_discarded`,
+    read back by a client that lost that answer), then those its next grant will tell."""
+    return tuple(dict.fromkeys((*record.told_discarded, *record.discarded)))
+
+
 def group_status(
     state: GroupState,
     *,
@@ -149,7 +157,7 @@ def group_status(
                 lock_only=record.lock_only,
                 phase=record.phase,
                 last_served_at=record.last_served_at or 0.0,
-                discarded_parts=record.discarded,
+                discarded_parts=discarded_parts(record),
                 parked_parts=record.parked_parts,
             )
         )

@@ -173,10 +173,13 @@ def _grant(
     epoch = s.epoch if reserved else s.epoch + 1
     # A prefetched job's bytes came back ahead of its grant: nothing moves now.
     restored = restored or job in s.prefetched
-    # The job is told of the parts discarded while it was parked (it rebuilds them) once.
+    # The job is told of the parts discarded while it was parked (it rebuilds them) once;
+    # the hold keeps what it told, should the answer be lost (see `_lost_grant`).
     record = s.jobs.get(job)
     discarded = record.discarded if record is not None else ()
-    jobs = {**s.jobs, job: replace(record, discarded=())} if record and discarded else s.jobs
+    jobs = s.jobs
+    if record is not None and (discarded or record.told_discarded):
+        jobs = {**s.jobs, job: replace(record, discarded=(), told_discarded=discarded)}
     tx.set(
         jobs=jobs,
         holder=job,

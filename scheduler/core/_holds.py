@@ -58,12 +58,18 @@ def _place_parked(tx: _Tx, jobs: list[str]) -> None:
 
 
 def _end_hold(tx: _Tx) -> float:
-    """Close the current hold; return its length."""
+    """Close the current hold; return its length. What its grant told of the discarded
+    parts is forgotten: the job had the answer (see `_lost_grant` for one it did not)."""
     s = tx.s
     assert s.holder is not None
     held = max(0.0, tx.now - s.holder_since)
     record = s.jobs[s.holder]
-    ended = replace(record, held_seconds=record.held_seconds + held, last_served_at=tx.now)
+    ended = replace(
+        record,
+        held_seconds=record.held_seconds + held,
+        last_served_at=tx.now,
+        told_discarded=(),
+    )
     tx.set(
         jobs={**s.jobs, s.holder: ended},
         holder=None,

@@ -139,4 +139,9 @@ def _lost_grant(tx: _Tx, e: ev.LostGrant) -> None:
     if s.acknowledged == (e.job, e.epoch):
         return  # the job called again and was told it holds: it does
     if s.holder == e.job and s.epoch == e.epoch:
+        # The job never read the grant: the discarded tags it told are told again next time.
+        record = s.jobs[e.job]
+        if record.told_discarded:
+            retold = tuple(dict.fromkeys((*record.told_discarded, *record.discarded)))
+            tx.set(jobs={**s.jobs, e.job: replace(record, discarded=retold, told_discarded=())})
         _yield(tx, ev.Yield(e.job))

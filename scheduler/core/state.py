@@ -46,6 +46,11 @@ class JobRecord:
     discarded: tuple[str, ...] = ()
     """Tags of its `discard` parts a partial snapshot freed since the job was last granted:
     its next grant tells the job (`Grant.discarded`, to rebuild them), then clears this."""
+    told_discarded: tuple[str, ...] = ()
+    """The tags the current hold's grant told (`Grant.discarded`), kept until the hold ends
+    in case that answer never reached the job: a `LostGrant` puts them back in `discarded`
+    (its next grant tells them again), and GetGroup shows them while it holds (a client
+    re-issuing a lost Acquire reads them back). () when it does not hold."""
     parked_parts: tuple[str, ...] = ()
     """The tags in host memory while only some of its parts are parked (the rest stayed on
     the device); () when it is parked whole or on the GPUs."""

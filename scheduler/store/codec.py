@@ -27,7 +27,7 @@ _WAITER_FIELDS = Waiter.__slots__
 _SWITCH_FIELDS = Switch.__slots__
 _SWITCH_TUPLES = ("evict", "candidates", "fence")
 #: JobRecord fields that are tuples (stored as lists; absent in records stored before them).
-_JOB_TUPLES = ("discarded", "parked_parts")
+_JOB_TUPLES = ("discarded", "told_discarded", "parked_parts")
 # The spec changes rarely: keep its encoding per group, reused while the object is the same.
 _spec_cache: dict[str, tuple[GroupSpec, dict[str, Any]]] = {}
 

@@ -4,8 +4,9 @@ A scripted stub stands in for the scheduler's channel: each call answers the nex
 its script (a reply, or a gRPC status). Cases:
 - a Yield refused FAILED_PRECONDITION after an attempt found the scheduler unreachable had
   landed: it counts as given up; refused so at the first attempt, the error is raised;
-- an Acquire refused ALREADY_EXISTS after an outage reads the grant back from GetGroup, and
-  raises the refusal when the job is not the holder there;
+- an Acquire refused ALREADY_EXISTS after an outage reads the grant back from GetGroup (with
+  the discarded parts that grant told, the holder's `discarded_parts`), and raises the
+  refusal when the job is not the holder there;
 - a Register refused ALREADY_EXISTS at the first attempt is raised at once (no orphan);
 - any failure comes out as its typed rlslice error (no wrapper to unwrap).
 """
@@ -54,7 +55,21 @@ async def test_an_acquire_refused_after_an_outage_reads_its_grant_back() -> None
     started = asyncio.get_running_loop().time()
     grant = await wire.acquire(_Lease(), "train", _deadline(), started)
     assert (grant.epoch, grant.group, grant.job, grant.restored) == (7, "gpus", "a", False)
+    assert grant.discarded == ()
     assert stub.asked == ["Acquire", "Acquire", "GetGroup"]
+
+
+async def test_an_acquire_read_back_tells_the_parts_its_grant_discarded() -> None:
+    holder = pb.JobStatus(job="a", state=pb.JOB_STATE_HOLDING, discarded_parts=["kv_cache"])
+    parked = pb.JobStatus(job="b", state=pb.JOB_STATE_PARKED, discarded_parts=["graphs"])
+    wire, _ = _wire(
+        {
+            "Acquire": [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ALREADY_EXISTS],
+            "GetGroup": [pb.GroupStatus(holder="a", epoch=7, jobs=[parked, holder])],
+        }
+    )
+    grant = await wire.acquire(_Lease(), "train", _deadline(), 0.0)
+    assert (grant.epoch, grant.job, grant.discarded) == (7, "a", ("kv_cache",))
 
 
 async def test_an_acquire_landed_for_another_holder_raises_the_refusal() -> None:

@@ -17,6 +17,17 @@ And what the core does with them:
 | SwitchDone parks `a` whole | nothing recorded | `discarded` empty |
 | a serial restore fails with the evictions standing | discarded recorded all the same | - |
 
+The grant that told them keeps them (`told_discarded`) for as long as that hold lasts, in
+case its answer never reached the job:
+
+| after the grant that told kv_cache | a holds | a's discarded, told | a's JobStatus shows | a's next grant tells |
+|---|---|---|---|---|
+| nothing yet | yes | (), (kv_cache) | kv_cache | nothing |
+| LostGrant (its caller went away) | no | (kv_cache), () | kv_cache | kv_cache again |
+| Yield | no | (), () | nothing | nothing |
+| Acquire again (ALREADY_EXISTS), then a late LostGrant | yes | (), (kv_cache) | kv_cache | nothing |
+| a LostGrant of an older epoch | yes | (), (kv_cache) | kv_cache | nothing |
+
 A stored job record written before these fields decodes with them empty.
 """
 
@@ -26,8 +37,10 @@ from collections.abc import Callable
 
 import pytest
 
+from rlslice._errors import AlreadyExistsError
+from rlslice.scheduler._proto import group_status
 from rlslice.scheduler.core import Location
-from rlslice.scheduler.core.events import PartsParked, RestoreFailed, SwitchDone, Yield
+from rlslice.scheduler.core.events import LostGrant, PartsParked, RestoreFailed, SwitchDone, Yield
 from rlslice.scheduler.core.moves import MovePlan, NodeMoves
 from rlslice.scheduler.core.parts import PartPlan
 from rlslice.scheduler.core.settle import parts_parked
@@ -153,8 +166,87 @@ def test_a_stored_job_record_without_the_parts_fields_decodes_with_them_empty(
     stored = encode_group(d.state)
     assert stored["jobs"][0]["discarded"] == ["kv_cache"]
     for job in stored["jobs"]:
-        del job["discarded"], job["parked_parts"]
+        del job["discarded"], job["parked_parts"], job["told_discarded"]
     decoded = decode_group(stored)
     assert decoded.jobs["a"].discarded == ()
     assert decoded.jobs["a"].parked_parts == ()
+    assert decoded.jobs["a"].told_discarded == ()
     assert decode_group(encode_group(d.state)).jobs["a"].discarded == ("kv_cache",)
+
+
+def _a_told_kv_cache(new: Callable[..., Driver]) -> Driver:
+    """a, partly parked with kv_cache discarded, holds again by a grant that told it so."""
+    d = _a_holding_b_waiting(new)
+    _park_a(d, {"a": PartsParked(("optimizer",), ("kv_cache",))})
+    _grant_a_again(d)
+    assert (d.grants[-1].job, d.grants[-1].discarded) == ("a", ("kv_cache",))
+    return d
+
+
+def _shown(d: Driver, job: str) -> tuple[str, ...]:
+    """`JobStatus.discarded_parts` of `job` in the group's GetGroup answer."""
+    status = group_status(d.state, now=d.now, busy=0.0, nodes=())
+    return next(tuple(j.discarded_parts) for j in status.jobs if j.job == job)
+
+
+def _lose_the_grant(d: Driver) -> None:
+    d.apply(LostGrant("a", d.grants[-1].epoch))
+
+
+def _yield(d: Driver) -> None:
+    d.apply(Yield("a"))
+
+
+def _acquire_again_then_lose_the_grant(d: Driver) -> None:
+    d.acquire("a")
+    assert (d.fails[-1].job, d.fails[-1].kind) == ("a", AlreadyExistsError)
+    _lose_the_grant(d)
+
+
+def _lose_an_older_grant(d: Driver) -> None:
+    d.apply(LostGrant("a", d.grants[-1].epoch - 1))
+
+
+@pytest.mark.parametrize(
+    ("after", "holds", "record", "shown", "next_grant"),
+    [
+        (lambda d: None, True, ((), ("kv_cache",)), ("kv_cache",), ()),
+        (_lose_the_grant, False, (("kv_cache",), ()), ("kv_cache",), ("kv_cache",)),
+        (_yield, False, ((), ()), (), ()),
+        (_acquire_again_then_lose_the_grant, True, ((), ("kv_cache",)), ("kv_cache",), ()),
+        (_lose_an_older_grant, True, ((), ("kv_cache",)), ("kv_cache",), ()),
+    ],
+    ids=["holding", "lost-grant", "yield", "answered-then-late-lost-grant", "older-lost-grant"],
+)
+def test_the_discarded_parts_a_grant_told_are_kept_until_its_hold_ends(
+    new: Callable[..., Driver],
+    after: Callable[[Driver], None],
+    holds: bool,
+    record: tuple[tuple[str, ...], tuple[str, ...]],
+    shown: tuple[str, ...],
+    next_grant: tuple[str, ...],
+) -> None:
+    d = _a_told_kv_cache(new)
+    after(d)
+    assert (d.state.holder == "a") is holds
+    job = d.state.jobs["a"]
+    assert (job.discarded, job.told_discarded) == record
+    assert _shown(d, "a") == shown
+    assert decode_group(encode_group(d.state)).jobs["a"] == job
+    if holds:
+        _yield(d)
+        assert d.state.jobs["a"].told_discarded == ()
+    grants = len(d.grants)
+    d.acquire("a")
+    assert len(d.grants) == grants + 1
+    assert (d.grants[-1].job, d.grants[-1].discarded) == ("a", next_grant)
+
+
+def test_a_job_that_is_not_holding_shows_only_the_parts_its_next_grant_will_tell(
+    new: Callable[..., Driver],
+) -> None:
+    d = _a_holding_b_waiting(new)
+    _park_a(d, {"a": PartsParked(("optimizer",), ("kv_cache",))})
+    assert _shown(d, "a") == ("kv_cache",)
+    assert _shown(d, "b") == ()
+    assert d.state.jobs["b"].told_discarded == ()

@@ -49,6 +49,7 @@ def _full_state() -> GroupState:
             phase="rollout",
             lock_only=True,
             discarded=("kv_cache",),
+            told_discarded=("graphs",),
             parked_parts=("optimizer", f"w{n}"),
         )
         for i, n in enumerate("abcde")
@@ -192,4 +193,6 @@ def test_the_wire_shows_each_field_it_carries() -> None:
             want = getattr(record, field)
             if field == "held_seconds" and name == state.holder:
                 want += 20.0 - state.holder_since
+            if wire == "discarded_parts":  # both lists, those told first
+                want = (*record.told_discarded, *record.discarded)
             assert getattr(shown, wire) == pytest.approx(want), (name, field)

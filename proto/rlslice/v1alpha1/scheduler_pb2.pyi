@@ -503,7 +503,10 @@ class JobStatus(google.protobuf.message.Message):
 
     @property
     def discarded_parts(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
-        """Tags of its `discard` parts freed while parked, not yet told to the job by a grant."""
+        """Tags of its `discard` parts freed while parked, not yet told to the job by a grant;
+        while it holds, also (first) those its grant told, until the hold ends: a client that
+        lost that grant's answer (Acquire refused ALREADY_EXISTS) reads them back here.
+        """
 
     def __init__(
         self,
@@ -825,7 +828,9 @@ class Grant(google.protobuf.message.Message):
     @property
     def discarded(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.str]:
         """Tags of the job's `discard` parts freed (never copied) while it was parked, since its
-        last grant: the job rebuilds them. Empty when nothing of it was discarded.
+        last grant: the job rebuilds them. Empty when nothing of it was discarded. A grant
+        whose answer is lost tells them again: its next grant when the scheduler gives the
+        hold back, or its JobStatus.discarded_parts while the job holds.
         """
 
     def __init__(
