@@ -136,7 +136,8 @@ async def guard(handle: JobHandle, backend: Backend, *, host_available: int, res
     nbytes = await backend.device_bytes(handle)
     # Staging the job keeps already is not asked for twice.
     nbytes = max(0, nbytes - await backend.held_host_bytes(handle))
-    cgroups = await asyncio.to_thread(memguard.cgroup_headrooms, handle.pids)
+    # Inline: two small files per cgroup level, cheaper than a hop to the thread pool.
+    cgroups = memguard.cgroup_headrooms(handle.pids)
     reason = memguard.refusal(
         handle.job, nbytes, host_available=host_available, reserve=reserve, cgroups=cgroups
     )

@@ -160,7 +160,9 @@ class SimBackend(SwappingMixin, BackendBase):
         )
 
     async def devices(self) -> Sequence[DeviceUsage]:
-        used = await asyncio.to_thread(_simfs.used_bytes, self.node_dir)
+        # Metadata reads (a stat per buffer file) run inline: a hop to the thread pool
+        # costs more than they do, and Status and every move ask for them.
+        used = _simfs.used_bytes(self.node_dir)
         return [
             DeviceUsage(d.index, used.get(d.index, 0), d.total_bytes, d.name)
             for d in self.devices_table
@@ -169,7 +171,7 @@ class SimBackend(SwappingMixin, BackendBase):
     async def device_bytes(self, job: JobHandle) -> int:
         """The job's bytes on the devices; for a partial snapshot's handle, those of the
         parts it copies (what the agent's host-memory guard asks room for)."""
-        buffers = await asyncio.to_thread(_simfs.job_buffers, self.node_dir, job.job)
+        buffers = _simfs.job_buffers(self.node_dir, job.job)  # inline, as `devices`
         return sum(b.size for b in _chosen(job, buffers)[0])
 
     def _manifest(self, job: str) -> dict[str, object] | None:
