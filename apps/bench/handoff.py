@@ -176,9 +176,20 @@ async def _uncontended(
 
 
 async def _handoffs(
-    stub: Any, jobs: tuple[_Calls, _Calls], warmup: int, samples: int, group: str = "bench"
+    stub: Any,
+    jobs: tuple[_Calls, _Calls],
+    warmup: int,
+    samples: int,
+    group: str = "bench",
+    prefetches: Any = None,
 ) -> list[float]:
-    """Yield of the holder to the grant of the queued job, alternating the two jobs."""
+    """Yield of the holder to the grant of the queued job, alternating the two jobs.
+
+    `prefetches` (a Watch stream of the group, for a group with agents): a parked waiter
+    that queues makes the scheduler try to restore it beside the holder (a prefetch), which
+    holds the group's switch slot for a Status round. A holder yields seconds later in a real
+    job; here it would yield at once and time that attempt too, so each round waits for the
+    attempt's PREFETCH event before the clock starts (only a parked waiter gets one)."""
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
     clock = time.perf_counter
@@ -189,8 +200,10 @@ async def _handoffs(
     for i in range(warmup + samples):
         blocked = asyncio.ensure_future(stub.Acquire(waiter[0]))
         # Setup, outside the measured window: wait until the waiter is queued.
-        while not (await stub.GetGroup(group_request)).queue:  # noqa: ASYNC110
+        while not (status := await stub.GetGroup(group_request)).queue:  # noqa: ASYNC110
             await asyncio.sleep(0)
+        if prefetches is not None and waiter[0].job in status.parked:
+            await _prefetch_tried(prefetches, waiter[0].job)
         t0 = clock()
         await stub.Yield(holder[1])
         await blocked
@@ -200,6 +213,30 @@ async def _handoffs(
         holder, waiter = waiter, holder
     await stub.Yield(holder[1])
     return handoff
+
+
+async def _prefetch_tried(events: Any, job: str) -> None:
+    """Read the group's events up to the end of `job`'s prefetch attempt (its PREFETCH
+    event after "started": "done", "skipped: ..." or "failed: ...")."""
+    from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+    async def ended() -> None:
+        async for event in events:
+            ending = event.kind == pb.EVENT_KIND_PREFETCH and event.detail != "started"
+            if ending and event.job == job:
+                return
+        raise RuntimeError("the scheduler's event stream ended")
+
+    try:
+        await asyncio.wait_for(ended(), PREFETCH_WAIT_SECONDS)
+    except TimeoutError:
+        raise RuntimeError(
+            f"no prefetch attempt for job {job} within {PREFETCH_WAIT_SECONDS:g} s: the "
+            "bench expects the scheduler to try (and skip) one for each parked waiter"
+        ) from None
+
+
+PREFETCH_WAIT_SECONDS = 10.0
 
 
 def _with_ratios(result: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +290,15 @@ async def _handoffs_through_agents(
     processes: list[asyncio.subprocess.Process] = []
     try:
         jobs = await _agents_and_jobs(stub, address, agents, work, processes)
-        return await _handoffs(stub, jobs, warmup, samples, group="bench-agents")
+        from rlslice.v1alpha1 import scheduler_pb2 as pb
+
+        watch = stub.Watch(pb.WatchRequest(group="bench-agents"))
+        try:
+            return await _handoffs(
+                stub, jobs, warmup, samples, group="bench-agents", prefetches=watch.__aiter__()
+            )
+        finally:
+            watch.cancel()
     finally:
         for process in reversed(processes):
             if process.returncode is None:
@@ -288,24 +333,23 @@ async def _agents_and_jobs(
             "--socket", str(work / f"{node}.sock"), "--sim-root", str(work / "sim"),
             "--state-dir", str(work / node), "--scheduler", address,
         )  # fmt: skip
-    spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50)
+    # Agent registration required: a job registers only once its processes have registered
+    # with an agent, so no job is taken for a lock-only one (whose switches move nothing).
+    spec = GroupSpec(name="bench-agents", headroom_bytes=1 << 50, require_agent_registration=True)
     await stub.PutGroup(pb.PutGroupRequest(spec=group_spec_to_proto(spec)))
     deadline = time.monotonic() + 30
     while len((await stub.GetGroup(pb.GetGroupRequest(group="bench-agents"))).nodes) < agents:
         if time.monotonic() > deadline:
             raise RuntimeError("the bench's agents did not register with the scheduler")
         await asyncio.sleep(0.1)
-    calls = []
     for job in ("ga", "gb"):
-        calls.append(await _lease_calls(stub, job))
         for i in range(agents):
             socket = str(work / f"bench-{i}.sock")
             await _spawn(
                 processes, env, "run", "--job", job, "--group", "bench-agents",
                 "--agent-socket", socket, "--", "sleep", "3600",
             )  # fmt: skip
-    await asyncio.sleep(1.0)  # the wrapped processes register with their agents
-    return calls[0], calls[1]
+    return await _lease_calls(stub, "ga"), await _lease_calls(stub, "gb")
 
 
 async def _spawn(
@@ -320,12 +364,27 @@ async def _spawn(
 
 
 async def _lease_calls(stub: Any, job: str) -> _Calls:
-    """Register `job` in `bench-agents`: its Acquire and Yield requests under the lease."""
+    """Register `job` in `bench-agents` once an agent knows it: its Acquire and Yield
+    requests under the lease."""
+    import grpc
+
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
-    lease = await stub.Register(
-        pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
-    )
+    request = pb.RegisterRequest(job=job, group="bench-agents", lease_seconds=600)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            lease = await stub.Register(request)
+            break
+        except grpc.aio.AioRpcError as error:
+            # FAILED_PRECONDITION: no agent knows the job yet (its `rlslice run` processes
+            # are still starting); nothing else to wait on from outside the agents.
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            if time.monotonic() > deadline:
+                why = error.details()
+                raise RuntimeError(f"job {job}'s processes did not register: {why}") from None
+            await asyncio.sleep(0.05)
     ids = {"job": job, "group": "bench-agents", "lease_id": lease.lease_id}
     return (
         pb.AcquireRequest(**ids, secret=lease.secret),
