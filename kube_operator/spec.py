@@ -6,7 +6,9 @@ without field validation) fails here with a message naming the field, before any
 
 The resource follows the API conventions; the scheduler's wire form is unchanged:
 integer `...Seconds` and weights become the model's floats; `headroom` (a quantity: 2Gi,
-500M, bytes) becomes `headroom_bytes`; `nodeSelector` (a label selector) becomes the
+500M, bytes) becomes `headroom_bytes`; each job's `parts` (issue 26: `tag`, `bytes` a
+quantity, `moveClass` discard/offload/keepIfRoom, `needOrder`) become its `StatePart`s,
+`keepIfRoom` the model's `keep_if_room`; `nodeSelector` (a label selector) becomes the
 scheduler's label map: `matchLabels`, plus `matchExpressions` of operator In with one
 value (the scheduler matches label equality; other requirements are refused with a
 message naming them rather than widened into a group of more nodes).
@@ -25,7 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rlslice._errors import InvalidArgumentError
-from rlslice.config import GroupSpec, JobSpec, first_error
+from rlslice.config import GroupSpec, JobSpec, MoveClass, StatePart, first_error
 
 #: API group, version and plural of the resource.
 GROUP = "rlslice.dev"
@@ -34,6 +36,16 @@ PLURAL = "timeslicegroups"
 
 #: The CRD's defaults, applied when the API server did not (a missing or older CRD).
 DEFAULT_BACKEND = "cuda"
+
+#: The CRD's spelling of each move class of a state part (API conventions: camelCase).
+MOVE_CLASSES = {
+    "discard": MoveClass.DISCARD,
+    "offload": MoveClass.OFFLOAD,
+    "keepIfRoom": MoveClass.KEEP_IF_ROOM,
+}
+#: Bounds of the wire form (`StatePart.bytes` is an int64, `need_order` an int32).
+MAX_PART_BYTES = 2**63 - 1
+MAX_NEED_ORDER = 2**31 - 1
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _FACTORS = {
@@ -159,6 +171,7 @@ def _job(index: int, job: Mapping[str, Any]) -> JobSpec:
             priority=int(job.get("priority", 0)),
             weight=float(_whole(job.get("weight", 1), f"{where}weight")),
             backend=str(job.get("backend", "")),
+            parts=_parts(where, job.get("parts") or ()),
         )
     except ValidationError as error:
         raise InvalidArgumentError(_first_error(error, where)) from None
@@ -166,6 +179,46 @@ def _job(index: int, job: Mapping[str, Any]) -> JobSpec:
         raise
     except (TypeError, ValueError, AttributeError) as error:
         raise InvalidArgumentError(f"{where.rstrip('.')}: {error}") from None
+
+
+def _parts(where: str, parts: object) -> tuple[StatePart, ...]:
+    """`spec.jobs[i].parts` as the model's parts; the first bad one is named in the
+    resource's terms (`spec.jobs[1].parts[0].moveClass: must be one of ...`)."""
+    if not isinstance(parts, (list, tuple)):
+        raise InvalidArgumentError(f"{where}parts: must be a list of {{tag, bytes, moveClass}}")
+    out: list[StatePart] = []
+    seen: set[str] = set()
+    for index, part in enumerate(parts):
+        at = f"{where}parts[{index}]"
+        if not isinstance(part, Mapping):
+            raise InvalidArgumentError(f"{at}: must be a mapping with a tag and bytes")
+        if "bytes" not in part:
+            raise InvalidArgumentError(f"{at}.bytes: is required (a quantity like 8Gi, or bytes)")
+        size = parse_quantity(part["bytes"], f"{at}.bytes")
+        if size > MAX_PART_BYTES:
+            raise InvalidArgumentError(f"{at}.bytes: {part['bytes']!r} is more than 2^63-1 bytes")
+        move_class = part.get("moveClass", "offload")
+        if not isinstance(move_class, str) or move_class not in MOVE_CLASSES:
+            raise InvalidArgumentError(f"{at}.moveClass: must be one of {', '.join(MOVE_CLASSES)}")
+        order = _whole(part.get("needOrder", 0), f"{at}.needOrder")
+        if not 0 <= order <= MAX_NEED_ORDER:
+            raise InvalidArgumentError(
+                f"{at}.needOrder: {order} is not within 0 to {MAX_NEED_ORDER}"
+            )
+        try:
+            state = StatePart(
+                tag=part.get("tag", ""),
+                bytes=size,
+                move_class=MOVE_CLASSES[move_class],
+                need_order=order,
+            )
+        except ValidationError as error:
+            raise InvalidArgumentError(_first_error(error, f"{at}.")) from None
+        if state.tag in seen:
+            raise InvalidArgumentError(f"{at}.tag: {state.tag!r} is listed twice")
+        seen.add(state.tag)
+        out.append(state)
+    return tuple(out)
 
 
 def _whole(value: object, field: str) -> int:
@@ -193,6 +246,8 @@ _FIELD_NAMES = {
     "expected_seconds": "expectedSeconds",
     "stage_aging_seconds": "stageAgingSeconds",
     "early_yield": "earlyYield",
+    "move_class": "moveClass",
+    "need_order": "needOrder",
 }
 
 

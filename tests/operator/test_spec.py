@@ -5,7 +5,9 @@ field fails with InvalidArgumentError naming it in the resource's own (camelCase
 (floats where whole seconds or weights belong, bad quantities, node selector requirements
 the scheduler cannot match); duplicate job names are refused; quantities convert in both
 unit systems (rounded up to a byte); the node label selector becomes the scheduler's label
-map; the result round-trips through the wire form unchanged.
+map; the result round-trips through the wire form unchanged; a job's state parts
+(issue 26) become `StatePart`s (quantities, `keepIfRoom`, `needOrder`, the defaults) and a
+bad part is refused naming it (`spec.jobs[1].parts[0].moveClass: ...`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from rlslice._errors import InvalidArgumentError
 from rlslice.adapters.wire import group_spec_from_proto, group_spec_to_proto
-from rlslice.config import GroupSpec, JobSpec, Policy
+from rlslice.config import GroupSpec, JobSpec, MoveClass, Policy, StatePart
 from rlslice.operator.spec import group_spec
 
 
@@ -166,3 +168,97 @@ def test_phase_kinds_and_rl_policies_round_trip_through_the_wire_form() -> None:
 )
 def test_a_headroom_quantity_becomes_bytes(quantity: object, expected: int) -> None:
     assert group_spec("rl-a", {"headroom": quantity}).headroom_bytes == expected
+
+
+def test_a_jobs_parts_become_state_parts() -> None:
+    spec = group_spec(
+        "rl-a",
+        {
+            "backend": "sim",
+            "jobs": [
+                {"name": "trainer"},
+                {
+                    "name": "actor",
+                    "parts": [
+                        {"tag": "kv_cache", "bytes": "8Gi", "moveClass": "discard"},
+                        {"tag": "weights", "bytes": 1024},
+                        {
+                            "tag": "optimizer",
+                            "bytes": "1.5G",
+                            "moveClass": "keepIfRoom",
+                            "needOrder": 2,
+                        },
+                    ],
+                },
+            ],
+        },
+    )
+    assert spec.jobs[0].parts == ()
+    assert spec.jobs[1].parts == (
+        StatePart(tag="kv_cache", bytes=8 * 2**30, move_class=MoveClass.DISCARD),
+        StatePart(tag="weights", bytes=1024, move_class=MoveClass.OFFLOAD, need_order=0),
+        StatePart(
+            tag="optimizer",
+            bytes=1_500_000_000,
+            move_class=MoveClass.KEEP_IF_ROOM,
+            need_order=2,
+        ),
+    )
+    assert group_spec_from_proto(group_spec_to_proto(spec)) == spec
+
+
+def _with_part(**part: object) -> dict:
+    return {"jobs": [{"name": "a"}, {"name": "b", "parts": [{"tag": "kv", "bytes": 1}, part]}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            _with_part(tag="w", bytes=1, moveClass="keep_if_room"),
+            "spec.jobs[1].parts[1].moveClass: must be one of discard, offload, keepIfRoom",
+        ),
+        (
+            _with_part(tag="w", bytes=1, moveClass="evict"),
+            "spec.jobs[1].parts[1].moveClass: must be one of discard, offload, keepIfRoom",
+        ),
+        (
+            _with_part(tag="kv", bytes=2),
+            "spec.jobs[1].parts[1].tag: 'kv' is listed twice",
+        ),
+        (
+            _with_part(tag="", bytes=1),
+            "spec.jobs[1].parts[1].tag: '' must be printable text of 1 to 63 characters",
+        ),
+        (
+            _with_part(tag="x" * 64, bytes=1),
+            f"spec.jobs[1].parts[1].tag: {'x' * 63!r} must be printable text of 1 to 63 characters",
+        ),
+        (
+            _with_part(tag="a\tb", bytes=1),
+            "spec.jobs[1].parts[1].tag: 'a\\tb' must be printable text of 1 to 63 characters",
+        ),
+        (_with_part(bytes=1), "spec.jobs[1].parts[1].tag: '' must be printable"),
+        (_with_part(tag="w", bytes=-1), "spec.jobs[1].parts[1].bytes: -1 is negative"),
+        (
+            _with_part(tag="w", bytes="8 GB"),
+            "spec.jobs[1].parts[1].bytes: '8 GB' is not a quantity",
+        ),
+        (_with_part(tag="w", bytes="16Ei"), "spec.jobs[1].parts[1].bytes: '16Ei' is more than"),
+        (_with_part(tag="w"), "spec.jobs[1].parts[1].bytes: is required"),
+        (_with_part(tag="w", bytes=1, needOrder=-1), "spec.jobs[1].parts[1].needOrder: -1 is not"),
+        (_with_part(tag="w", bytes=1, needOrder=2**31), "spec.jobs[1].parts[1].needOrder:"),
+        (
+            _with_part(tag="w", bytes=1, needOrder=1.5),
+            "spec.jobs[1].parts[1].needOrder: 1.5 is not",
+        ),
+        (_with_part(tag=5, bytes=1), "spec.jobs[1].parts[1].tag: Input should be a valid string"),
+        ({"jobs": [{"name": "a", "parts": ["kv"]}]}, "spec.jobs[0].parts[0]: must be a mapping"),
+        ({"jobs": [{"name": "a", "parts": {"kv": 1}}]}, "spec.jobs[0].parts: must be a list"),
+    ],
+)
+def test_a_bad_part_is_refused_in_one_line_naming_it(spec: dict, message: str) -> None:
+    with pytest.raises(InvalidArgumentError) as raised:
+        group_spec("rl-a", spec)
+    assert str(raised.value).startswith(message), str(raised.value)
+    assert "\n" not in str(raised.value)

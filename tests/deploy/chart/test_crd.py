@@ -131,6 +131,15 @@ def test_the_example_group_validates_and_converts() -> None:
         ({"phases": {"rollout": {"kind": "rollout", "expected": 5}}}, "expected"),
         ({"stageAgingSeconds": 0}, "0"),
         ({"earlyYield": "yes"}, "yes"),
+        (
+            {"jobs": [{"name": "a", "parts": [{"tag": "kv", "bytes": 1, "moveClass": "evict"}]}]},
+            "evict",
+        ),
+        ({"jobs": [{"name": "a", "parts": [{"tag": "kv"}]}]}, "bytes"),
+        ({"jobs": [{"name": "a", "parts": [{"tag": "kv", "bytes": "8 GB"}]}]}, "8 GB"),
+        ({"jobs": [{"name": "a", "parts": [{"tag": "", "bytes": 1}]}]}, "''"),
+        ({"jobs": [{"name": "a", "parts": [{"tag": "kv", "bytes": 1, "needOrder": -1}]}]}, "-1"),
+        ({"jobs": [{"name": "a", "parts": [{"tag": "kv", "bytes": 1, "size": 1}]}]}, "size"),
     ],
 )
 def test_a_bad_group_spec_is_refused_by_the_schema(change: dict[str, Any], where: str) -> None:
@@ -163,6 +172,32 @@ def test_a_group_with_phase_kinds_and_an_rl_policy_validates_and_converts() -> N
         "sync": "sync",
     }
     assert spec.phases["rollout"].expected_seconds == 90.0
+
+
+def test_a_job_with_state_parts_validates_and_converts() -> None:
+    group = example("group.yaml")
+    group["spec"].update(
+        backend="sim",
+        jobs=[
+            {"name": "trainer"},
+            {
+                "name": "sampler",
+                "parts": [
+                    {"tag": "kv_cache", "bytes": "8Gi", "moveClass": "discard"},
+                    {"tag": "weights", "bytes": 4096},
+                    {"tag": "optimizer", "bytes": "2G", "moveClass": "keepIfRoom", "needOrder": 1},
+                ],
+            },
+        ],
+    )
+    VALIDATOR.validate(group)
+    spec = group_spec(group["metadata"]["name"], group["spec"])
+    parts = spec.jobs[1].parts
+    assert [(p.tag, p.bytes, p.move_class.value, p.need_order) for p in parts] == [
+        ("kv_cache", 8 * 2**30, "discard", 0),
+        ("weights", 4096, "offload", 0),
+        ("optimizer", 2_000_000_000, "keep_if_room", 1),
+    ]
 
 
 @pytest.mark.parametrize("name", ["trainer-job.yaml", "sampler-deployment.yaml"])
