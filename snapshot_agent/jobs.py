@@ -2,9 +2,10 @@
 
 Each entry holds the job's pure record (`state.AgentJobRecord`, whether it was released
 included), the processes the agent verified for it, what the job said when it registered,
-and its open workload streams. The file is rewritten atomically at the end of every unit
-of work (`JobTable.change`); the workload streams are not kept (a restarted agent waits
-for the workloads to reconnect).
+and its open workload streams. The table is written whole at the end of every unit of
+work (`JobTable.change`), into the older of two slot files (`table_file`), so a crash
+leaves it before or after the unit; the workload streams are not kept (a restarted agent
+waits for the workloads to reconnect).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +22,9 @@ from typing import Any
 from rlslice.snapshot_agent.backends.base import WorkloadLink
 from rlslice.snapshot_agent.processes import ProcessRef
 from rlslice.snapshot_agent.state import AgentJobRecord, from_dict, release_kept, to_dict
+from rlslice.snapshot_agent.table_file import TableFile
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "jobs.json"
 
 
 @dataclass(frozen=True)
@@ -105,27 +104,29 @@ class JobEntry:
 
 
 class JobTable:
-    """Jobs by id, persisted to `<state_dir>/jobs.json`."""
+    """Jobs by id, persisted to `<state_dir>/jobs.0|jobs.1` (see `table_file`)."""
 
     def __init__(self, state_dir: Path) -> None:
-        self._path = state_dir / STATE_FILE
+        self._file = TableFile(state_dir)
         self.entries: dict[str, JobEntry] = {}
         self._written: str | None = None  # the payload last written, None before the first
 
     def load(self) -> None:
         """Read the file; a damaged entry is logged and skipped, never fatal."""
+        where = self._file.state_dir
         try:
-            data = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return
+            payload = self._file.read()
+            if payload is None:
+                return
+            data = json.loads(payload)
         except (OSError, ValueError) as error:
-            log.error("cannot read %s (%s): starting with no jobs", self._path, error)
+            log.error("cannot read the job table in %s (%s): starting with no jobs", where, error)
             return
         for item in data.get("jobs", []):
             try:
                 entry = JobEntry.from_json(item)
             except (KeyError, ValueError, TypeError) as error:
-                log.error("skipping a damaged job entry in %s: %s", self._path, error)
+                log.error("skipping a damaged job entry in %s: %s", where, error)
                 continue
             self.entries[entry.record.job] = entry
 
@@ -145,16 +146,16 @@ class JobTable:
             self._write()
 
     def _write(self) -> None:
-        payload = json.dumps(
-            {"jobs": [entry.to_json() for entry in self.entries.values()]}, indent=1
-        )
+        payload = json.dumps({"jobs": [entry.to_json() for entry in self.entries.values()]})
         if payload == self._written:
             return  # nothing changed since the last write
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self._path.with_name(f".{STATE_FILE}.{os.getpid()}")
-        temp.write_text(payload)
-        temp.replace(self._path)
+        self._file.write(payload)
         self._written = payload
+
+    @property
+    def path(self) -> Path:
+        """The file holding the table as last read or written."""
+        return self._file.path
 
     def owner_of(self, ref: ProcessRef) -> JobEntry | None:
         """The job `ref` is registered to, if any."""

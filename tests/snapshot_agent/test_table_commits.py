@@ -35,10 +35,11 @@ from rlslice.snapshot_agent.backends.base import (
     ProbeResult,
 )
 from rlslice.snapshot_agent.engine import AgentEngine, SwitchHalf
-from rlslice.snapshot_agent.jobs import STATE_FILE, JobEntry, JobTable
+from rlslice.snapshot_agent.jobs import JobEntry, JobTable
 from rlslice.snapshot_agent.metrics import AgentMetrics
 from rlslice.snapshot_agent.processes import identify
 from rlslice.snapshot_agent.state import AgentJobRecord, JobState, Move
+from rlslice.snapshot_agent.table_file import LEGACY_FILE, TableFile
 
 
 class ScriptedBackend(BackendBase):
@@ -79,14 +80,14 @@ class Writes:
 
     def __init__(self, table: JobTable, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seen: list[dict[str, str]] = []
-        path = table._path
+        state_dir = table.path.parent
         original = table._write
 
         def write() -> None:
-            before = path.read_text() if path.exists() else None
+            before = TableFile(state_dir).read()
             original()
-            after = path.read_text()
-            if after != before:
+            after = TableFile(state_dir).read()
+            if after is not None and after != before:
                 jobs = json.loads(after)["jobs"]
                 self.seen.append({j["record"]["job"]: j["record"]["state"] for j in jobs})
 
@@ -156,11 +157,11 @@ def test_a_released_job_stays_released_after_a_reload(
     table = JobTable(tmp_path)
     with table.change():
         table.entries["a"] = JobEntry(AgentJobRecord(job="a", group="g", released=True))
-    if beside_the_record:  # as an older agent wrote it
-        path = tmp_path / STATE_FILE
-        data = json.loads(path.read_text())
+    if beside_the_record:  # as an older agent wrote it: whole JSON in jobs.json
+        data = json.loads(table.path.read_bytes().partition(b"\n")[2])
         data["jobs"][0]["released"] = data["jobs"][0]["record"].pop("released")
-        path.write_text(json.dumps(data))
+        table.path.unlink()
+        (tmp_path / LEGACY_FILE).write_text(json.dumps(data))
     reread = JobTable(tmp_path)
     reread.load()
     assert reread.entries["a"].released
@@ -170,11 +171,12 @@ def test_a_unit_that_changes_nothing_does_not_rewrite_the_file(tmp_path: Path) -
     table = JobTable(tmp_path)
     with table.change():
         table.entries["a"] = JobEntry(AgentJobRecord(job="a", group="g"))
-    path = tmp_path / STATE_FILE
+    path = table.path
     path.write_text("left alone")
     with table.change():
         pass
     assert path.read_text() == "left alone"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nor the other slot
 
 
 async def test_a_registration_writes_the_table_once(

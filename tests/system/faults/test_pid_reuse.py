@@ -9,7 +9,7 @@ SIGKILLed and its pid given to the stranger):
 - while the agent runs: its pidfd saw the exit, the job keeps no process; a Snapshot of
   the job does not stop the stranger, and Status never lists the stranger's pid;
 - across an agent restart (the agent SIGKILLed first, so it saw nothing): it reloads the
-  pid from jobs.json, finds another start time there, and drops it; the same Snapshot
+  pid from its job table, finds another start time there, and drops it; the same Snapshot
   leaves the stranger running.
 """
 
