@@ -327,7 +327,9 @@ async def test_a_rank_of_a_real_ddp_job_killed_fails_its_job_clearly_and_not_the
             "RLSLICE_SCHEDULER": f.address,
             "RLSLICE_AGENT_SOCKET": str(f.cluster.agents["n1"].socket_path),
         }
-        victim = start_ddp_job(work, "ddp-a", 1, 400, env)
+        # The victim runs until it is killed: with a bounded run it could end before the
+        # survivor (importing torch, joining gloo) first asks for the GPUs on a busy machine.
+        victim = start_ddp_job(work, "ddp-a", 1, 1_000_000, env)
         survivor = start_ddp_job(work, "ddp-b", 2, 10, env)
         try:
             await eventually(lambda: _switched(f, 3), timeout=120)
