@@ -25,7 +25,7 @@ from rlslice._errors import (
     RlsliceError,
 )
 from rlslice.client._settings import ClientSettings
-from rlslice.client._wire import Renewal, SchedulerWire
+from rlslice.client._wire import LeaseTerms, Renewal, SchedulerWire
 
 log = logging.getLogger("rlslice.client")
 
@@ -61,6 +61,9 @@ class Lease:
     yield_event: asyncio.Event = field(default_factory=asyncio.Event)
     """Set while `yield_requested` (what `phase.wait_should_yield()` awaits)."""
     task: asyncio.Task[None] | None = None
+    registering: asyncio.Future[LeaseTerms] | None = None
+    """The keep-alive's Register again while it is in flight. It outlives a cancelled
+    keep-alive: a job leaving then unregisters the lease it made (see `_release_lapsed`)."""
     expires_at: float = math.inf
     """Loop time by which the scheduler lapses the lease unless a renewal reaches it: the
     send time of the last answered Register or KeepAlive plus the ttl it answered. Never
@@ -144,7 +147,12 @@ class Leases:
             if self._closing:
                 raise FailedPreconditionError("client: closed")
             sent = asyncio.get_running_loop().time()
-            answer = await self._wire.register(lease.group, deadline)
+            call = asyncio.ensure_future(self._wire.register(lease.group, deadline))
+            lease.registering = call
+            call.add_done_callback(lambda _: _forget_registering(lease, call))
+            # Shielded: a keep-alive cancelled while the scheduler registers must not lose
+            # the answer, or the new lease would live on with no one holding its secret.
+            answer = await asyncio.shield(call)
             lease.lease_id, lease.secret = answer.lease_id, answer.secret
             lease.ttl = answer.lease_seconds
             lease.expires_at = sent + answer.lease_seconds
@@ -282,12 +290,18 @@ class Leases:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(UNREGISTER_TIMEOUT, lease.ttl)
         if lease.task is not None:
-            # Leaving: its keep-alive (which may be registering again, with no deadline)
-            # stops now rather than after this, so nothing registers behind our back.
+            # Leaving: its keep-alive stops now rather than after this, so nothing registers
+            # behind our back; a Register of its already in flight goes on (shielded), and
+            # the lease it makes is the one to unregister.
             lease.task.cancel()
             await asyncio.gather(lease.task, return_exceptions=True)
+        pending = lease.registering
         try:
-            if lease.lease_id != sent:  # the keep-alive registered again meanwhile
+            if pending is not None:  # the keep-alive was registering again: await its lease
+                left = max(0.0, deadline - loop.time())
+                answer = await asyncio.wait_for(asyncio.shield(pending), left)
+                lease_id, secret = answer.lease_id, answer.secret
+            elif lease.lease_id != sent:  # the keep-alive registered again meanwhile
                 lease_id, secret = lease.lease_id, lease.secret
             else:
                 answer = await self._wire.register(lease.group, deadline)
@@ -300,3 +314,13 @@ class Leases:
                 lease.group,
                 error,
             )
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()  # it retries with no deadline: it must not land later
+
+
+def _forget_registering(lease: Lease, call: asyncio.Future[LeaseTerms]) -> None:
+    if lease.registering is call:
+        lease.registering = None
+    if not call.cancelled():
+        call.exception()  # retrieved: its awaiter may have been cancelled (see `renew`)

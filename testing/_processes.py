@@ -46,9 +46,12 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def rlslice_argv(*args: str, log_level: str = "WARNING") -> list[str]:
-    """`python -m rlslice.apps --log-level LEVEL ARGS...`, with this interpreter."""
-    return [sys.executable, "-m", "rlslice.apps", "--log-level", log_level, *args]
+def rlslice_argv(*args: str, log_level: str | None = None) -> list[str]:
+    """`python -m rlslice.apps --log-level LEVEL ARGS...`, with this interpreter. LEVEL
+    defaults to `RLSLICE_TEST_LOG_LEVEL` (WARNING when unset): DEBUG there puts every
+    component's reasoning into the logs a failing system test leaves in its tmp dir."""
+    level = log_level or os.environ.get("RLSLICE_TEST_LOG_LEVEL", "WARNING")
+    return [sys.executable, "-m", "rlslice.apps", "--log-level", level, *args]
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """A scheduler's channel played from a script, for tests of the client's wire and holds.
 
-Each call of a method answers the next item of that method's script: a reply, or a gRPC
-status raised as the channel would. Nothing listens on the network.
+Each call of a method answers the next item of that method's script: a reply, a gRPC
+status raised as the channel would, or a coroutine function of the request that gives
+either (to hold a call in flight). Nothing listens on the network.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -17,7 +18,8 @@ from rlslice.client._connection import SchedulerConnection
 from rlslice.client._settings import resolve_settings
 from rlslice.client._wire import SchedulerWire
 
-Step = Message | grpc.StatusCode
+Answer = Message | grpc.StatusCode
+Step = Answer | Callable[[Message], Awaitable[Answer]]
 
 
 class ScriptedLease:
@@ -34,11 +36,15 @@ class ScriptedStub:
     def __init__(self, scripts: dict[str, list[Step]]) -> None:
         self._scripts = scripts
         self.asked: list[str] = []
+        self.requests: list[tuple[str, Message]] = []
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         async def call(request: Message, timeout: float | None = None) -> Message:
             self.asked.append(method)
+            self.requests.append((method, request))
             step = self._scripts[method].pop(0)
+            if callable(step):
+                step = await step(request)
             if isinstance(step, grpc.StatusCode):
                 raise grpc.aio.AioRpcError(
                     step, grpc.aio.Metadata(), grpc.aio.Metadata(), details=step.name.lower()
