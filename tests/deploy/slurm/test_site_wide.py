@@ -69,7 +69,8 @@ def services(slurm: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
             str(groups),
         ],
         [
-            *CLI,
+            *CLI[:-1],
+            "INFO",  # its log says when it registered with the scheduler
             "agent",
             "--node",
             slurm.node,
@@ -98,6 +99,15 @@ def services(slurm: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
     ]
     try:
         _wait_for(socket_path.exists, 30, "the agent's socket")
+        # Ready as a site's are when jobs arrive: the agent serves its socket before it has
+        # registered with the scheduler, and a switch on a node no agent registered for
+        # yet fails (the job's acquire is refused ABORTED).
+        agent_log = tmp_path / "service-1.log"
+        _wait_for(
+            lambda: b"registered with scheduler" in agent_log.read_bytes(),
+            30,
+            "the agent's registration with the scheduler",
+        )
         yield {
             "RLSLICE_SCHEDULER": f"127.0.0.1:{port}",
             "RLSLICE_TOKEN_FILE": str(token),
