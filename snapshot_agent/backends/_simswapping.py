@@ -72,8 +72,9 @@ class SwappingMixin:
         if partial or (incoming is not None and self._parked_partly(incoming.job)):
             return await self._one_after_the_other(outgoing, incoming, deadline)
         entries = self._parked_entries(incoming) if incoming is not None else []
-        buffers = {job.job: _simfs.job_buffers(self.node_dir, job.job) for job in outgoing}
         stopped = await _stop_all(outgoing, deadline)
+        # Listed once stopped: a running job can still add or grow a buffer.
+        buffers = {job.job: _simfs.job_buffers(self.node_dir, job.job) for job in outgoing}
         abort = threading.Event()
         admission = _simswap.Admission(len(outgoing), abort)
         pacers: list[Pacer] = []
