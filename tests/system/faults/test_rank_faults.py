@@ -314,7 +314,8 @@ async def test_a_rank_of_a_real_ddp_job_killed_fails_its_job_clearly_and_not_the
     faults: Any, tmp_path: Path
 ) -> None:
     """ddp_tiny jobs (gloo, `RankedClient`, `app` backend): ddp-b alone first, then ddp-a
-    and ddp-b time-sliced on one group; rank 1 of ddp-a is killed once they take turns.
+    and, once ddp-a holds the group, ddp-b time-sliced with it; rank 1 of ddp-a is killed
+    once they take turns.
     Rank 0 of ddp-a ends with a clear error naming what broke; ddp-b finishes every step,
     its losses bit-identical to its run alone (nothing of it was touched)."""
     work = tmp_path / "jobs"
@@ -327,12 +328,15 @@ async def test_a_rank_of_a_real_ddp_job_killed_fails_its_job_clearly_and_not_the
             "RLSLICE_SCHEDULER": f.address,
             "RLSLICE_AGENT_SOCKET": str(f.cluster.agents["n1"].socket_path),
         }
-        # The victim runs until it is killed: with a bounded run it could end before the
-        # survivor (importing torch, joining gloo) first asks for the GPUs on a busy machine.
+        # The victim runs until it is killed, and the survivor starts once the victim holds
+        # the GPUs: started together, either could run all its steps while the other was
+        # still importing torch and joining gloo, and the jobs never took turns.
         victim = start_ddp_job(work, "ddp-a", 1, 1_000_000, env)
-        survivor = start_ddp_job(work, "ddp-b", 2, 10, env)
+        survivor: list[subprocess.Popen[bytes]] = []
         try:
-            await eventually(lambda: _switched(f, 3), timeout=120)
+            await eventually(lambda: _held_by(f, "ddp-a"), timeout=60)
+            survivor = start_ddp_job(work, "ddp-b", 2, 10, env)
+            await eventually(lambda: _switched(f, 3), timeout=60)
             victim[1].kill()
             codes = await asyncio.to_thread(finished, survivor, 150)
             assert codes == [0, 0], (work / "ddp-b-0.log").read_text()[-3000:]
@@ -356,6 +360,10 @@ async def test_a_rank_of_a_real_ddp_job_killed_fails_its_job_clearly_and_not_the
     }
     assert len(by_run["sliced"]) == 10
     assert by_run["sliced"] == by_run["--alone"]
+
+
+async def _held_by(f: Any, job: str) -> bool:
+    return bool((await f.group()).holder == job)
 
 
 async def _switched(f: Any, at_least: int) -> bool:
