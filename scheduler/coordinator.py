@@ -1,6 +1,10 @@
 """The coordinator: executes a group's switch over the node agents.
 
 1. `Status` from every node of the group, in parallel: device memory and where each job is.
+   Not for the grant that follows a prefetch which found no room beside its waiter for
+   any resident job (`core.moves.evicts_every_candidate`), nothing moved between: that
+   switch evicts every resident job whatever the numbers, so it is planned as over silent
+   nodes (docs/scheduler.md, "Switches").
 2. Plan (`core.moves.plan_switch`, pure, over plain per-node reports): the jobs to evict
    (the preempted holder always, then resident jobs least recently used first, only while
    the incoming job does not fit) and, per node, the snapshots and the restore to run.
@@ -55,6 +59,7 @@ from rlslice.scheduler.core.moves import (
     Need,
     NodeReport,
     Place,
+    evicts_every_candidate,
     plan_park,
     plan_prefetch,
     plan_switch,
@@ -92,6 +97,17 @@ class _Channel:
     stub: Any
 
 
+@dataclass(frozen=True, slots=True)
+class _NoRoom:
+    """A prefetch found that a switch to `waiter` evicts every resident job."""
+
+    waiter: str
+    resident: frozenset[str]
+    """The resident jobs then (the holder among them)."""
+    epoch: int
+    """The epoch of the group's next switch, if nothing else moves before it."""
+
+
 class Coordinator(_Moving):
     """Knows the agents and runs switches and releases over them."""
 
@@ -127,6 +143,8 @@ class Coordinator(_Moving):
         self._pinned: dict[str, tuple[tuple[str, ...], Callable[[], bool]]] = {}
         """Group -> (nodes it keeps, whether state still holds it there): a group whose
         selector resolves to other nodes keeps the old ones while state is on them."""
+        self._no_room: dict[str, _NoRoom] = {}
+        """Group -> the waiter a prefetch just found no room for beside any resident job."""
         self._once_kept: dict[str, set[str]] = {}
         """Group -> nodes it kept once: releases still reach them (a job that left may have
         left a copy there; a node that never knew the job answers NOT_FOUND)."""
@@ -279,10 +297,16 @@ class Coordinator(_Moving):
         started = self._clock()
         spec = state.spec
         nodes = self.nodes_for(spec)
-        statuses = await self._statuses(nodes)
-        reports = [_report(node, statuses.get(node), state.name) for node in nodes]
-        record = state.jobs.get(switch.incoming)
         splittable = _splittable_parts(spec)
+        if self._known_to_evict_all(state, switch, splittable):
+            # The same plan as from fresh reports, without the Status round (~2 ms of a
+            # zero-byte switch through three agents): every node gets the calls, and one
+            # where a job is not (or no longer) running finds nothing to do.
+            reports = [NodeReport(node, answered=False) for node in nodes]
+        else:
+            statuses = await self._statuses(nodes)
+            reports = [_report(node, statuses.get(node), state.name) for node in nodes]
+        record = state.jobs.get(switch.incoming)
         need = Need(
             switch.incoming,
             record.device_bytes if record else 0,
@@ -307,6 +331,7 @@ class Coordinator(_Moving):
                 holder_declared_bytes=holding.device_bytes if holding is not None else 0,
             )
             if plan is None:
+                self._remember_no_room(state, switch, need, reports)
                 filled = await self._fill_ahead(state.name, switch.incoming, reports)
                 return events.PrefetchSkipped(
                     switch.epoch, "does not fit beside the holder", filled
@@ -329,6 +354,36 @@ class Coordinator(_Moving):
         if isinstance(result, events.SwitchDone):
             return dataclasses.replace(result, seconds=self._clock() - started)
         return result
+
+    def _remember_no_room(
+        self, state: GroupState, switch: Switch, need: Need, reports: Sequence[NodeReport]
+    ) -> None:
+        """After a prefetch that could not fit: remember when no resident job, the holder
+        included, can stay beside the waiter, for the switch to it that follows."""
+        everyone = (*switch.candidates, *([state.holder] if state.holder else []))
+        if all(r.answered for r in reports) and evicts_every_candidate(
+            need, reports, everyone, headroom_bytes=state.spec.headroom_bytes
+        ):
+            self._no_room[state.name] = _NoRoom(
+                switch.incoming, frozenset(state.resident), switch.rollback_epoch + 1
+            )
+
+    def _known_to_evict_all(
+        self, state: GroupState, switch: Switch, splittable: dict[str, tuple[StatePart, ...]]
+    ) -> bool:
+        """Whether `switch` is the grant that follows a prefetch found no room beside its
+        waiter, nothing between (no other switch: the epoch is the next one; the same
+        resident jobs), so it evicts every candidate whatever the numbers are now. Not
+        when a candidate moves by parts: how many of its parts go depends on them."""
+        known = self._no_room.pop(state.name, None)
+        return (
+            known is not None
+            and switch.purpose == SwitchKind.GRANT
+            and known.waiter == switch.incoming
+            and known.epoch == switch.epoch
+            and set(state.resident) - {switch.incoming} <= known.resident
+            and not any(j in splittable for j in (*switch.evict, *switch.candidates))
+        )
 
     async def _fill_ahead(
         self, group: str, job: str, reports: Sequence[NodeReport]

@@ -15,6 +15,9 @@ these functions return; a node that did not answer is `answered=False`.
   only when that makes the waiter fit. What the holder declared but does not hold yet
   (a job granted before it allocates) counts as taken. No plan (None) when it cannot fit,
   when a node is silent, or when nothing is parked: a prefetch never moves blind.
+- `evicts_every_candidate`: whether no candidate can stay beside the incoming job (then
+  a switch planned over silent nodes is the same plan; the coordinator skips a Status
+  round on it).
 
 Partial moves (issue 26): a candidate that declared its parts (`JobSpec.parts`, passed as
 `parts`) and was chosen to make room is planned part by part on each node where it runs
@@ -175,6 +178,28 @@ def plan_prefetch(
     if chosen is None or not fit:
         return None
     return MovePlan(chosen, _node_moves(need, reports, chosen))
+
+
+def evicts_every_candidate(
+    need: Need,
+    reports: Sequence[NodeReport],
+    candidates: Sequence[str],
+    *,
+    headroom_bytes: int = 0,
+) -> bool:
+    """Whether a switch to `need.job` planned from `reports` would evict every one of
+    `candidates` (least recently used first): none can stay beside it, on some node, with
+    every node's answer and the job's size known.
+
+    Then the switch's plan does not depend on the numbers: evicting every candidate is
+    what a plan made with no report at all does (`plan_switch` over silent nodes), so a
+    coordinator that learnt this moments ago may plan the switch without asking again.
+    Evicting more is never unsafe, only slower: a job that has shrunk since could have
+    stayed."""
+    if not candidates or not reports:
+        return False
+    chosen, _ = _evictions(need, reports, candidates, (), headroom_bytes)
+    return chosen is not None and set(candidates) <= set(chosen)
 
 
 def _reserve(report: NodeReport, holder: str, declared: int) -> NodeReport:

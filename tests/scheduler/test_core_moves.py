@@ -22,6 +22,7 @@ from rlslice.scheduler.core.moves import (
     NodeMoves,
     NodeReport,
     Place,
+    evicts_every_candidate,
     plan_park,
     plan_prefetch,
     plan_switch,
@@ -151,6 +152,50 @@ def test_headroom_keeps_a_prefetch_out() -> None:
     reports = [node("n1", 6 * G, a=(R, 4 * G), b=(P, 4 * G))]
     assert plan_prefetch(Need("b"), reports, ["a"], holder="a", headroom_bytes=G) is not None
     assert plan_prefetch(Need("b"), reports, ["a"], holder="a", headroom_bytes=3 * G) is None
+
+
+@pytest.mark.parametrize(
+    ("reports", "candidates", "headroom", "everyone"),
+    [
+        # b fits beside a: a may stay
+        ([node("n1", 6 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], 0, False),
+        # no room beside a: a goes, whatever the numbers are by the switch
+        ([node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], 0, True),
+        # the headroom leaves no room beside a
+        ([node("n1", 6 * G, a=(R, 4 * G), b=(P, 4 * G))], ["a"], 3 * G, True),
+        # evicting c (least recently used) makes room: a may stay
+        ([node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G), c=(R, 3 * G))], ["c", "a"], 0, False),
+        # short on one node of two: every candidate goes
+        (
+            [
+                node("n1", 9 * G, a=(R, 4 * G), b=(P, 4 * G)),
+                node("n2", G, a=(R, 4 * G), b=(P, 4 * G)),
+            ],
+            ["a"],
+            0,
+            True,
+        ),
+        # a silent node: unknown, so not known to evict everyone
+        ([node("n1", 2 * G, a=(R, 4 * G), b=(P, 4 * G)), SILENT], ["a"], 0, False),
+        # nothing to evict: nothing to know
+        ([node("n1", 2 * G, b=(P, 4 * G))], [], 0, False),
+    ],
+)
+def test_evicts_every_candidate(
+    reports: list[NodeReport], candidates: list[str], headroom: int, everyone: bool
+) -> None:
+    found = evicts_every_candidate(Need("b"), reports, candidates, headroom_bytes=headroom)
+    assert found is everyone
+    if everyone:  # what plan_switch makes of the same reports
+        assert set(
+            plan_switch(Need("b"), reports, candidates, headroom_bytes=headroom).evict
+        ) == set(candidates)
+
+
+def test_an_unknown_size_is_not_known_to_evict_every_candidate() -> None:
+    reports = [node("n1", 0, a=(R, 4 * G))]  # b unknown on n1 and undeclared
+    assert not evicts_every_candidate(Need("b"), reports, ["a"])
+    assert evicts_every_candidate(Need("b", declared_bytes=G), reports, ["a"])
 
 
 def test_plan_park_snapshots_where_the_job_is_not_parked() -> None:

@@ -8,6 +8,9 @@ Case matrix:
 - room beside the holder: the head waiter is prefetched while the holder runs (neither is
   frozen); the yield grants it at once with nothing moved on its path; the holder stays
   resident; the timeline has the prefetch; the metrics count it
+- no room beside the holder, found by the waiter's prefetch: the switch at the yield is
+  planned without asking the agents' Status again (it evicts every resident job anyway);
+  a switch with nothing learnt before asks every agent
 - one node's restore fails (its buffer gone): the other node is switched back, the
   outgoing job runs on both nodes with its bytes, the waiter fails and is FAULTED
 """
@@ -167,6 +170,22 @@ class SwitchSpy:
             engine.switch = spy  # type: ignore[method-assign]
 
 
+class StatusSpy:
+    """Counts each agent's Status calls."""
+
+    def __init__(self, agents: dict[str, RunningAgent]) -> None:
+        self.calls: list[str] = []
+        for node, agent in agents.items():
+            engine = agent.engine
+            real = engine.status
+
+            async def spy(_real: Any = real, _node: str = node) -> Any:
+                self.calls.append(_node)
+                return await _real()
+
+            engine.status = spy  # type: ignore[method-assign]
+
+
 async def _b_parked_a_holding(c: Cluster) -> None:
     """b held first and is parked; a holds. (a's process allocates at its start, so b is
     parked on the agents before a starts: the devices may not hold both.)"""
@@ -200,6 +219,47 @@ async def test_a_switch_on_full_devices_overlaps_on_every_node() -> None:
             assert await b.hash() == b.info["hash"]
         status = await c.live.group()
         assert list(status.parked) == ["a"]
+
+
+async def test_the_switch_after_a_prefetch_found_no_room_asks_the_agents_no_status() -> None:
+    """Full devices: b's prefetch finds no room beside a, so the switch at a's yield
+    evicts a whatever the numbers are by then, and is planned without a Status round; it
+    moves the same as one planned from fresh reports. A switch with nothing learnt before
+    it (nobody held while the waiter queued, so no prefetch) asks every agent."""
+    async with cluster(capacity=40 * MiB) as c:
+        await _b_parked_a_holding(c)
+        events = c.live.engine.watch("g")
+        statuses = StatusSpy(c.agents)
+        waiting = asyncio.ensure_future(c.acquire("b"))
+        while True:  # woken by the group's events, never by sleeping
+            entry = await asyncio.wait_for(events.get(), 30)
+            assert entry is not None
+            if entry.kind == "prefetch" and entry.detail != "started":
+                break
+        assert entry.detail.startswith("skipped"), entry.detail
+        assert sorted(statuses.calls) == sorted(NODES)  # the prefetch asked, once each
+        statuses.calls.clear()
+
+        await c.live.yield_("a", c.leases["a"])
+        grant = await asyncio.wait_for(waiting, 60)
+
+        assert grant.restored
+        assert statuses.calls == []
+        for node in NODES:
+            assert c.jobs[("a", node)].state == "T"
+            b = c.jobs[("b", node)]
+            assert b.state != "T"
+            assert await b.hash() == b.info["hash"]
+        assert list((await c.live.group()).parked) == ["a"]
+
+        await c.live.yield_("b", c.leases["b"])  # no waiter: b stays on the devices
+        await c.acquire("a")  # nobody holds: a switch at once, with no prefetch before
+        assert sorted(statuses.calls) == sorted(NODES)
+        for node in NODES:
+            assert c.jobs[("b", node)].state == "T"
+            a = c.jobs[("a", node)]
+            assert await a.hash() == a.info["hash"]
+        c.live.engine.unwatch("g", events)
 
 
 async def test_a_waiter_that_fits_is_prefetched_and_granted_at_once_at_the_yield() -> None:
