@@ -206,25 +206,44 @@ def _unpack(p: Packed, specs: Mapping[int, GroupSpec]) -> EventEntry:
 
 
 class BusyWindow:
-    """Which part of the last minute the group was held."""
+    """Which part of the last minute the group was held.
 
-    __slots__ = ("_closed",)
+    A status (every GetGroup, every event sent to a watcher) asks for the fraction, and a
+    busy group closes hundreds of holds a minute: the sum of the closed holds is kept as
+    they come and go, so a question walks only the holds that straddle the window's ends,
+    not the whole minute."""
+
+    __slots__ = ("_closed", "_total")
 
     def __init__(self) -> None:
         self._closed: deque[tuple[float, float]] = deque()
+        self._total = 0.0
+        """The summed length of the holds in `_closed`."""
 
     def add(self, start: float, end: float) -> None:
         self._closed.append((start, end))
+        self._total += end - start
         while self._closed and self._closed[0][1] < end - BUSY_WINDOW_SECONDS:
-            self._closed.popleft()
+            s, e = self._closed.popleft()
+            self._total -= e - s
+        if not self._closed:
+            self._total = 0.0  # no rounding left over from the sums
 
     def fraction(self, now: float, holding_since: float | None) -> float:
         """Busy fraction of [now - window, now], counting a hold still open."""
         start = now - BUSY_WINDOW_SECONDS
-        busy = sum(max(0.0, min(e, now) - max(s, start)) for s, e in self._closed)
+        busy = self._total
+        for s, e in self._closed:  # oldest first: take off what lies before the window
+            if s >= start:
+                break
+            busy -= min(e, start) - s
+        for s, e in reversed(self._closed):  # newest first: and what lies after `now`
+            if e <= now:
+                break
+            busy -= e - max(s, now, start)
         if holding_since is not None:
             busy += max(0.0, now - max(holding_since, start))
-        return min(1.0, busy / BUSY_WINDOW_SECONDS)
+        return min(1.0, max(0.0, busy) / BUSY_WINDOW_SECONDS)
 
 
 @dataclass(eq=False)
