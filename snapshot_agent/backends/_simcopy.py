@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import shutil
 import threading
 import time
@@ -132,7 +133,9 @@ def copy_paced(source: Path, target_fd: int, size: int, pacer: Pacer, done: int)
 
 
 def discard(folder: Path) -> None:
-    """Remove `folder` off the caller's path: rename it aside now, free its pages later."""
+    """Remove `folder` off the caller's path: rename it aside now, free its pages later,
+    in the one reaper thread (a thread started per call cost more than the rename on a
+    busy node: two per switch)."""
     if not folder.exists():
         return
     trash = folder.with_name(f".trash-{folder.name}-{time.monotonic_ns()}")
@@ -141,4 +144,34 @@ def discard(folder: Path) -> None:
     except OSError:
         shutil.rmtree(folder, ignore_errors=True)
         return
-    threading.Thread(target=shutil.rmtree, args=(trash, True), daemon=True).start()
+    _reaper().put(trash)
+
+
+_trash: queue.SimpleQueue[Path] | None = None
+_trash_lock = threading.Lock()
+
+
+def _reaper() -> queue.SimpleQueue[Path]:
+    """The queue of folders to remove, its daemon thread started on first use."""
+    global _trash
+    with _trash_lock:
+        if _trash is None:
+            _trash = queue.SimpleQueue()
+            threading.Thread(
+                target=_reap, args=(_trash,), name="rlslice-sim-reaper", daemon=True
+            ).start()
+        return _trash
+
+
+def _reap(folders: queue.SimpleQueue[Path]) -> None:
+    while True:
+        shutil.rmtree(folders.get(), ignore_errors=True)
+
+
+def _forget_reaper() -> None:
+    """In a forked child: the parent's reaper thread is not there; start another on use."""
+    global _trash
+    _trash = None
+
+
+os.register_at_fork(after_in_child=_forget_reaper)

@@ -1,10 +1,12 @@
 """A `sim` swap with no byte to copy runs its halves on the loop, not in worker threads
 (a hop costs more than the halves' few file operations), and parks and restores exactly
-as the threaded path does; a swap with bytes still copies in worker threads."""
+as the threaded path does; a swap with bytes still copies in worker threads. A restored
+job's parked copy is freed by one reaper thread, however many swaps there are."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,3 +81,24 @@ def test_a_swap_with_bytes_copies_in_worker_threads(backend: SimBackend, hops: l
     assert b.path.read_bytes() == b"b" * MiB
     swap(backend, "b", "a")
     assert a.path.read_bytes() == b"a" * MiB
+
+
+def test_many_swaps_free_the_parked_copies_through_one_reaper_thread(
+    backend: SimBackend,
+) -> None:
+    for name in ("a", "b"):
+        sim.attach(job=name, node_dir=backend.node_dir).alloc(4096, tag="weights")
+    asyncio.run(backend.snapshot(job("b"), deadline=time.time() + 30))
+    before = threading.active_count()
+    for _ in range(10):
+        swap(backend, "a", "b")
+        swap(backend, "b", "a")
+    reapers = [t for t in threading.enumerate() if t.name == "rlslice-sim-reaper"]
+    assert len(reapers) == 1
+    assert threading.active_count() <= before + 1
+    parked = backend.node_dir / "parked"
+    deadline = time.monotonic() + 10
+    while any(p.name.startswith(".trash-") for p in parked.iterdir()):  # freed in the back
+        assert time.monotonic() < deadline, sorted(p.name for p in parked.iterdir())
+        time.sleep(0.01)
+    assert sorted(p.name for p in parked.iterdir()) == ["b"]
