@@ -287,9 +287,10 @@ async def _handoffs_through_agents(
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="rlslice-bench-"))
+    sim_root = Path(tempfile.mkdtemp(prefix="rlslice-bench-sim-", dir=_shared_memory()))
     processes: list[asyncio.subprocess.Process] = []
     try:
-        jobs = await _agents_and_jobs(stub, address, agents, work, processes)
+        jobs = await _agents_and_jobs(stub, address, agents, work, sim_root, processes)
         from rlslice.v1alpha1 import scheduler_pb2 as pb
 
         watch = stub.Watch(pb.WatchRequest(group="bench-agents"))
@@ -309,6 +310,16 @@ async def _handoffs_through_agents(
             except TimeoutError:
                 process.kill()
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(sim_root, ignore_errors=True)
+
+
+def _shared_memory() -> str | None:
+    """Where the `sim` backend keeps its emulated device memory by default (the parent of
+    `DEFAULT_SIM_ROOT`, a tmpfs), when this machine has it; else the temp folder."""
+    from rlslice.env import DEFAULT_SIM_ROOT
+
+    parent = Path(DEFAULT_SIM_ROOT).parent
+    return str(parent) if parent.is_dir() else None
 
 
 async def _agents_and_jobs(
@@ -316,11 +327,13 @@ async def _agents_and_jobs(
     address: str,
     agents: int,
     work: Path,
+    sim_root: Path,
     processes: list[asyncio.subprocess.Process],
 ) -> tuple[_Calls, _Calls]:
     """`agents` sim agents registered with the scheduler, group `bench-agents` over them,
     and jobs ga and gb with a sleeping process on every node; started processes go into
-    `processes` (the caller stops them)."""
+    `processes` (the caller stops them). The emulated device memory lives in `sim_root`,
+    on shared memory as the backend's default does; each agent's job table in `work`."""
     from rlslice.adapters.wire import group_spec_to_proto
     from rlslice.config import GroupSpec
     from rlslice.v1alpha1 import scheduler_pb2 as pb
@@ -330,7 +343,7 @@ async def _agents_and_jobs(
         node = f"bench-{i}"
         await _spawn(
             processes, env, "agent", "--node", node, "--address", "127.0.0.1:0",
-            "--socket", str(work / f"{node}.sock"), "--sim-root", str(work / "sim"),
+            "--socket", str(work / f"{node}.sock"), "--sim-root", str(sim_root),
             "--state-dir", str(work / node), "--scheduler", address,
         )  # fmt: skip
     # Agent registration required: a job registers only once its processes have registered
