@@ -212,7 +212,7 @@ class SwitchingMixin(EngineCore):
         name = self.backends.for_move(entry, move, half.backend)
         backend = await self.backend(name)
         partial = move is Move.SNAPSHOT and OFFLOAD_TAGS_OPTION in half.options
-        if partial and not getattr(backend, "splits_parts", False):
+        if partial and not backend.splits_parts:
             raise FailedPreconditionError(
                 f"snapshot of job {record.job}: the {name} backend moves whole "
                 "processes, not tagged parts"

@@ -214,13 +214,16 @@ class SupportsSpill(Protocol):
 class Backend(Protocol):
     """Moves device state for verified jobs. Implementations: sim, cuda, cuda-checkpoint, app.
 
-    Besides the moves, a backend declares three optional abilities; `BackendBase` gives
+    Besides the moves, a backend declares four optional abilities; `BackendBase` gives
     each its default, so a backend that lacks one says so by inheriting it."""
 
     name: ClassVar[str]
     needs_workloads: ClassVar[bool]
     """True when moves go through the job's own processes (`app`): the agent lets a
     just-registered job's workload stream attach before it moves the job."""
+    splits_parts: ClassVar[bool]
+    """True when a snapshot can move only some of a job's tagged parts (`sim`, `app`);
+    the agent refuses a partial snapshot to a backend that moves whole processes."""
 
     def __init__(self, context: BackendContext) -> None: ...
 
@@ -267,11 +270,12 @@ class Backend(Protocol):
 
 
 class BackendBase:
-    """The defaults of a `Backend`'s optional abilities: no workload streams needed, no
-    host bytes held ahead of a snapshot, nothing pinned. Backends subclass it and
-    override what they have."""
+    """The defaults of a `Backend`'s optional abilities: no workload streams needed, whole
+    jobs moved (no parts), no host bytes held ahead of a snapshot, nothing pinned.
+    Backends subclass it and override what they have."""
 
     needs_workloads: ClassVar[bool] = False
+    splits_parts: ClassVar[bool] = False
 
     async def held_host_bytes(self, job: JobHandle) -> int:
         """None held: a snapshot asks host memory for all its bytes."""

@@ -60,7 +60,6 @@ def test_only_the_backends_that_move_by_tag_split_a_job_into_parts() -> None:
     from importlib.metadata import entry_points
 
     splits = {
-        entry.name: getattr(entry.load(), "splits_parts", False)
-        for entry in entry_points(group="rlslice.backends")
+        entry.name: entry.load().splits_parts for entry in entry_points(group="rlslice.backends")
     }
     assert splits == {"sim": True, "app": True, "cuda": False, "cuda-checkpoint": False}
