@@ -26,7 +26,7 @@ from rlslice.scheduler.core import Switch, events
 from rlslice.scheduler.core.events import MoveKind
 from rlslice.scheduler.core.moves import MovePlan, NodeMoves
 from rlslice.scheduler.core.parts import PartPlan
-from rlslice.scheduler.core.settle import CallFailure, NodeOutcome, Undo, settle
+from rlslice.scheduler.core.settle import CallFailure, NodeOutcome, Undo, UndoKind, settle
 from rlslice.v1alpha1 import agent_pb2 as apb
 
 log = logging.getLogger("rlslice.scheduler.coordinator")
@@ -97,7 +97,9 @@ class _Moving:
                 if o.snapped and job not in switch.fence
             ]
             left = await self._rollback(spec, done, switch.rollback_epoch)
-            return settle(switch.epoch, plan, outcomes, Undo("rolled back", len(done), tuple(left)))
+            return settle(
+                switch.epoch, plan, outcomes, Undo(UndoKind.ROLLED_BACK, len(done), tuple(left))
+            )
         restores = [(n.restore, n.node) for n in plan.nodes if n.restore is not None]
         results = await self._moves(MoveKind.RESTORE, spec, restores, switch.epoch)
         outcomes += _call_outcomes(MoveKind.RESTORE, restores, results)
@@ -109,12 +111,12 @@ class _Moving:
             *(self._node_switch(spec, moves, switch.epoch) for moves in plan.nodes)
         )
         if not any(o.failure is not None for o in outcomes):
-            return settle(switch.epoch, plan, outcomes, Undo("switched back", 0))
+            return settle(switch.epoch, plan, outcomes, Undo(UndoKind.SWITCHED_BACK, 0))
         went = [o for o in outcomes if o.failure is None and o.moved_any]
         left = await asyncio.gather(
             *(self._switch_back(spec, o, switch.rollback_epoch) for o in went)
         )
-        undo = Undo("switched back", len(went), tuple(j for js in left for j in js))
+        undo = Undo(UndoKind.SWITCHED_BACK, len(went), tuple(j for js in left for j in js))
         return settle(switch.epoch, plan, outcomes, undo)
 
     async def _node_switch(self, spec: GroupSpec, moves: NodeMoves, epoch: int) -> NodeOutcome:

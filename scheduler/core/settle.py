@@ -19,6 +19,7 @@ What a waiter is told (`waiter_error`) follows from what the agent's answer mean
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +42,15 @@ from rlslice.scheduler.core.events import (
 )
 from rlslice.scheduler.core.moves import MovePlan
 
-__all__ = ["CallFailure", "NodeOutcome", "Undo", "parts_parked", "settle", "waiter_error"]
+__all__ = [
+    "CallFailure",
+    "NodeOutcome",
+    "Undo",
+    "UndoKind",
+    "parts_parked",
+    "settle",
+    "waiter_error",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +92,20 @@ class NodeOutcome:
         return bool(self.snapped) or self.restored is not None
 
 
+class UndoKind(enum.StrEnum):
+    """How a failed switch's moves were undone (the words a waiter's reason uses)."""
+
+    ROLLED_BACK = "rolled back"
+    """Serial snapshots restored."""
+    SWITCHED_BACK = "switched back"
+    """A node's Switch undone."""
+
+
 @dataclass(frozen=True, slots=True)
 class Undo:
     """How the coordinator undid what went through once a call failed."""
 
-    how: str
-    """"rolled back" (serial snapshots restored) or "switched back" (a node's Switch)."""
+    how: UndoKind
     count: int
     """What was undone: rolled-back snapshots, or nodes switched back."""
     left: tuple[str, ...] = ()

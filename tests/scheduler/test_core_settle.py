@@ -36,7 +36,14 @@ from rlslice.scheduler.core.events import (
     SwitchDone,
 )
 from rlslice.scheduler.core.moves import MovePlan, NodeMoves
-from rlslice.scheduler.core.settle import CallFailure, NodeOutcome, Undo, settle, waiter_error
+from rlslice.scheduler.core.settle import (
+    CallFailure,
+    NodeOutcome,
+    Undo,
+    UndoKind,
+    settle,
+    waiter_error,
+)
 
 PLAN = MovePlan(("a",), (NodeMoves("n1", ("a",), "b"), NodeMoves("n2", ("a",), "b")))
 REFUSED = CallFailure("node n1: switch to job b: ABORTED: no room", AbortedError)
@@ -54,31 +61,31 @@ WENT_N2 = NodeOutcome("n2", 20, 0, ("a",), None, done=(SNAP_N2,))
     [
         pytest.param(
             [WENT_N1, WENT_N2],
-            Undo("switched back", 0),
+            Undo(UndoKind.SWITCHED_BACK, 0),
             SwitchDone(3, ("a",), 37, restored_bytes=7, moves=(SNAP_N1, BACK_N1, SNAP_N2)),
             id="all went through",
         ),
         pytest.param(
             [NodeOutcome("n1", failure=REFUSED), WENT_N2],
-            Undo("switched back", 1),
+            Undo(UndoKind.SWITCHED_BACK, 1),
             SnapshotFailed(3, f"{REFUSED} (switched back on 1 node(s))", FailedPreconditionError),
             id="a snapshot refused",
         ),
         pytest.param(
             [NodeOutcome("n1", failure=CUT, unsure=("a",)), WENT_N2],
-            Undo("switched back", 1),
+            Undo(UndoKind.SWITCHED_BACK, 1),
             SnapshotFailed(3, f"{CUT} (switched back on 1 node(s))", AbortedError, ("a",)),
             id="a node cut off",
         ),
         pytest.param(
             [NodeOutcome("n1", failure=SHORT, failed_move=MoveKind.RESTORE)],
-            Undo("switched back", 0),
+            Undo(UndoKind.SWITCHED_BACK, 0),
             RestoreFailed(3, str(SHORT), (), 0),
             id="a restore refused, undone",
         ),
         pytest.param(
             [NodeOutcome("n1", failure=SHORT, failed_move=MoveKind.RESTORE), WENT_N2],
-            Undo("switched back", 1, ("a",)),
+            Undo(UndoKind.SWITCHED_BACK, 1, ("a",)),
             SnapshotFailed(
                 3, f"{SHORT} (switched back on 1 node(s))", ResourceExhaustedError, ("a",)
             ),
@@ -92,7 +99,7 @@ WENT_N2 = NodeOutcome("n2", 20, 0, ("a",), None, done=(SNAP_N2,))
         ),
         pytest.param(
             [WENT_N2, NodeOutcome("n1", failure=CUT, unsure=("a",))],
-            Undo("rolled back", 2),
+            Undo(UndoKind.ROLLED_BACK, 2),
             SnapshotFailed(3, f"{CUT} (rolled back on 2 node(s))", AbortedError, ("a",)),
             id="serial snapshot, rolled back",
         ),
