@@ -181,15 +181,17 @@ async def _handoffs(
     warmup: int,
     samples: int,
     group: str = "bench",
-    prefetches: Any = None,
+    prefetches: bool = False,
 ) -> list[float]:
     """Yield of the holder to the grant of the queued job, alternating the two jobs.
 
-    `prefetches` (a Watch stream of the group, for a group with agents): a parked waiter
-    that queues makes the scheduler try to restore it beside the holder (a prefetch), which
-    holds the group's switch slot for a Status round. A holder yields seconds later in a real
-    job; here it would yield at once and time that attempt too, so each round waits for the
-    attempt's PREFETCH event before the clock starts (only a parked waiter gets one)."""
+    `prefetches` (for a group with agents): a parked waiter that queues makes the scheduler
+    try to restore it beside the holder (a prefetch), which holds the group's switch slot
+    for a Status round. A holder yields seconds later in a real job; here it would yield
+    at once and time that attempt too, so each round first waits for the attempt's end in
+    the group's event ring (only a parked waiter gets one). The ring is read with
+    GetEvents between rounds, not through a Watch stream: a stream would wake the bench
+    with every event of the switch it times, on the same cores."""
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
     clock = time.perf_counter
@@ -202,8 +204,8 @@ async def _handoffs(
         # Setup, outside the measured window: wait until the waiter is queued.
         while not (status := await stub.GetGroup(group_request)).queue:  # noqa: ASYNC110
             await asyncio.sleep(0)
-        if prefetches is not None and waiter[0].job in status.parked:
-            await _prefetch_tried(prefetches, waiter[0].job)
+        if prefetches and waiter[0].job in status.parked:
+            await _prefetch_tried(stub, group, waiter[0].job, status.epoch)
         t0 = clock()
         await stub.Yield(holder[1])
         await blocked
@@ -215,25 +217,23 @@ async def _handoffs(
     return handoff
 
 
-async def _prefetch_tried(events: Any, job: str) -> None:
-    """Read the group's events up to the end of `job`'s prefetch attempt (its PREFETCH
-    event after "started": "done", "skipped: ..." or "failed: ...")."""
+async def _prefetch_tried(stub: Any, group: str, job: str, epoch: int) -> None:
+    """Poll the group's event ring until `job`'s prefetch attempt at `epoch` has ended (its
+    PREFETCH event after "started": "done", "skipped: ..." or "failed: ...")."""
     from rlslice.v1alpha1 import scheduler_pb2 as pb
 
-    async def ended() -> None:
-        async for event in events:
+    request = pb.GetEventsRequest(group=group, limit=16)
+    deadline = time.monotonic() + PREFETCH_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        for event in (await stub.GetEvents(request)).events:
             ending = event.kind == pb.EVENT_KIND_PREFETCH and event.detail != "started"
-            if ending and event.job == job:
+            if ending and event.job == job and event.epoch == epoch:
                 return
-        raise RuntimeError("the scheduler's event stream ended")
-
-    try:
-        await asyncio.wait_for(ended(), PREFETCH_WAIT_SECONDS)
-    except TimeoutError:
-        raise RuntimeError(
-            f"no prefetch attempt for job {job} within {PREFETCH_WAIT_SECONDS:g} s: the "
-            "bench expects the scheduler to try (and skip) one for each parked waiter"
-        ) from None
+        await asyncio.sleep(0.001)
+    raise RuntimeError(
+        f"no prefetch attempt for job {job} within {PREFETCH_WAIT_SECONDS:g} s: the "
+        "bench expects the scheduler to try (and skip) one for each parked waiter"
+    )
 
 
 PREFETCH_WAIT_SECONDS = 10.0
@@ -291,15 +291,7 @@ async def _handoffs_through_agents(
     processes: list[asyncio.subprocess.Process] = []
     try:
         jobs = await _agents_and_jobs(stub, address, agents, work, sim_root, processes)
-        from rlslice.v1alpha1 import scheduler_pb2 as pb
-
-        watch = stub.Watch(pb.WatchRequest(group="bench-agents"))
-        try:
-            return await _handoffs(
-                stub, jobs, warmup, samples, group="bench-agents", prefetches=watch.__aiter__()
-            )
-        finally:
-            watch.cancel()
+        return await _handoffs(stub, jobs, warmup, samples, group="bench-agents", prefetches=True)
     finally:
         for process in reversed(processes):
             if process.returncode is None:

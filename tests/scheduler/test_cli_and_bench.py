@@ -113,6 +113,10 @@ async def test_the_handoff_bench_measures_everything_in_one_run() -> None:
         assert result[key]["p99_ms"] >= result[key]["p50_ms"] > 0
     assert result["uncontended_acquire"]["n"] == 50
     assert result["handoff"]["n"] == 20
+    # three sim agents (the default), each round after its waiter's prefetch attempt ended
+    through = result["handoff_through_agents"]
+    assert (through["agents"], through["n"], through["bytes"]) == (3, 5, 0)
+    assert through["p99_ms"] >= through["p50_ms"] > 0
     assert result["handoff_p99_ratio"] == pytest.approx(
         result["handoff"]["p99_ms"] / result["bare_roundtrip"]["p99_ms"]
     )
