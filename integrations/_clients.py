@@ -115,8 +115,8 @@ def async_client(source: ClientSource) -> AsyncClient:
 
 
 def close_process_clients() -> None:
-    """Close the blocking clients this process built (their locks are released, their
-    leases end). Async ones are closed by `aclose_process_clients()`."""
+    """Close the blocking clients this process built (the groups they hold are yielded,
+    their leases end). Async ones are closed by `aclose_process_clients()`."""
     with _lock:
         registry = _current()
         clients, registry.sync = list(registry.sync.values()), {}
@@ -140,5 +140,5 @@ async def aclose_process_clients() -> None:
     await asyncio.to_thread(close_process_clients)
 
 
-# A process that ends releases at once what it holds, rather than after its lease lapses.
+# A process that ends yields at once what it holds, rather than after its lease lapses.
 atexit.register(close_process_clients)
