@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,18 @@ def tiered(make_settings: Callable[..., AgentSettings], tmp_path: Path) -> Agent
     )
 
 
+@pytest.fixture
+async def served(tiered: AgentSettings) -> AsyncIterator[tuple[RunningAgent, Any]]:
+    """A running agent on `tiered` settings, and a stub on its port."""
+    agent = await start_agent(tiered)
+    channel = open_channel(agent.address, token=agent.token)
+    try:
+        yield agent, agent_pb2_grpc.AgentStub(channel)
+    finally:
+        await channel.close(None)
+        await agent.stop(0)
+
+
 async def _parked(stub: Any, spawn_job: Callable[..., Any], agent: RunningAgent) -> dict[str, Any]:
     jobs = {}
     for seed, name in enumerate(JOBS):
@@ -77,102 +89,82 @@ def _filled(agent: RunningAgent) -> float:
 
 
 async def test_a_prefetched_waiter_restores_without_reading_the_disk(
-    tiered: AgentSettings, spawn_job: Callable[..., Any]
+    served: tuple[RunningAgent, Any], spawn_job: Callable[..., Any]
 ) -> None:
-    agent = await start_agent(tiered)
-    channel = open_channel(agent.address, token=agent.token)
-    stub = agent_pb2_grpc.AgentStub(channel)
-    try:
-        jobs = await _parked(stub, spawn_job, agent)
-        result = await stub.Prefetch(apb.PrefetchRequest(job="job-b", group="g1"))
-        assert result.filled_bytes == SIZE
-        assert _moves(result.tier_moves) == [("job-c", "spill", SIZE), ("job-b", "fill", SIZE)]
-        assert not agent.engine.tiering.spilled("job-b")
-        filled = _filled(agent)
-        assert filled == SIZE
+    agent, stub = served
+    jobs = await _parked(stub, spawn_job, agent)
+    result = await stub.Prefetch(apb.PrefetchRequest(job="job-b", group="g1"))
+    assert result.filled_bytes == SIZE
+    assert _moves(result.tier_moves) == [("job-c", "spill", SIZE), ("job-b", "fill", SIZE)]
+    assert not agent.engine.tiering.spilled("job-b")
+    filled = _filled(agent)
+    assert filled == SIZE
 
-        switch = await stub.Switch(
-            apb.SwitchRequest(
-                group="g1",
-                epoch=10,
-                outgoing=[apb.SwitchMove(job="job-a")],
-                incoming=apb.SwitchMove(job="job-b"),
-            ),
-            timeout=60,
-        )
-        assert not switch.HasField("failure"), switch.failure.reason
-        moved = _moves(switch.incoming.tier_moves)
-        assert moved == [("job-d", "spill", SIZE)]  # room for job-a; job-b stays in DRAM
-        assert _filled(agent) == filled  # the restore read no disk bytes
-        assert (await jobs["job-b"].ask("hash"))["hash"] == jobs["job-b"].info["hash"]
-    finally:
-        await channel.close(None)
-        await agent.stop(0)
+    switch = await stub.Switch(
+        apb.SwitchRequest(
+            group="g1",
+            epoch=10,
+            outgoing=[apb.SwitchMove(job="job-a")],
+            incoming=apb.SwitchMove(job="job-b"),
+        ),
+        timeout=60,
+    )
+    assert not switch.HasField("failure"), switch.failure.reason
+    moved = _moves(switch.incoming.tier_moves)
+    assert moved == [("job-d", "spill", SIZE)]  # room for job-a; job-b stays in DRAM
+    assert _filled(agent) == filled  # the restore read no disk bytes
+    assert (await jobs["job-b"].ask("hash"))["hash"] == jobs["job-b"].info["hash"]
 
 
 async def test_a_prefetch_of_a_job_with_nothing_on_disk_moves_nothing(
-    tiered: AgentSettings, spawn_job: Callable[..., Any]
+    served: tuple[RunningAgent, Any], spawn_job: Callable[..., Any]
 ) -> None:
-    agent = await start_agent(tiered)
-    channel = open_channel(agent.address, token=agent.token)
-    stub = agent_pb2_grpc.AgentStub(channel)
-    try:
-        await _parked(stub, spawn_job, agent)
-        result = await stub.Prefetch(apb.PrefetchRequest(job="job-d", group="g1"))
-        assert result.filled_bytes == 0
-        assert list(result.tier_moves) == []
-        assert agent.engine.tiering.spilled("job-b")
-    finally:
-        await channel.close(None)
-        await agent.stop(0)
+    agent, stub = served
+    await _parked(stub, spawn_job, agent)
+    result = await stub.Prefetch(apb.PrefetchRequest(job="job-d", group="g1"))
+    assert result.filled_bytes == 0
+    assert list(result.tier_moves) == []
+    assert agent.engine.tiering.spilled("job-b")
 
 
 async def test_a_prefetch_below_the_reserve_is_refused_and_keeps_the_parts_on_disk(
-    tiered: AgentSettings, spawn_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    served: tuple[RunningAgent, Any],
+    spawn_job: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    agent = await start_agent(tiered)
-    channel = open_channel(agent.address, token=agent.token)
-    stub = agent_pb2_grpc.AgentStub(channel)
-    try:
-        jobs = await _parked(stub, spawn_job, agent)
-        # Host memory held still (spilling frees none of it, whatever /tmp is), and a
-        # reserve that leaves room for half the part only.
-        monkeypatch.setattr(agent.engine, "_host_memory", lambda: 64 * MiB)
-        monkeypatch.setattr(agent.engine, "_reserve", 64 * MiB - SIZE // 2)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await stub.Prefetch(apb.PrefetchRequest(job="job-b", group="g1"))
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "reserve" in (refused.value.details() or "")
-        assert agent.engine.tiering.spilled("job-b")
-        monkeypatch.undo()
-        await stub.Restore(apb.RestoreRequest(job="job-b", group="g1", epoch=10))
-        assert (await jobs["job-b"].ask("hash"))["hash"] == jobs["job-b"].info["hash"]
-    finally:
-        await channel.close(None)
-        await agent.stop(0)
+    agent, stub = served
+    jobs = await _parked(stub, spawn_job, agent)
+    # Host memory held still (spilling frees none of it, whatever /tmp is), and a
+    # reserve that leaves room for half the part only.
+    monkeypatch.setattr(agent.engine, "_host_memory", lambda: 64 * MiB)
+    monkeypatch.setattr(agent.engine, "_reserve", 64 * MiB - SIZE // 2)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Prefetch(apb.PrefetchRequest(job="job-b", group="g1"))
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "reserve" in (refused.value.details() or "")
+    assert agent.engine.tiering.spilled("job-b")
+    monkeypatch.undo()
+    await stub.Restore(apb.RestoreRequest(job="job-b", group="g1", epoch=10))
+    assert (await jobs["job-b"].ask("hash"))["hash"] == jobs["job-b"].info["hash"]
 
 
 async def test_a_prefetch_of_a_torn_spill_file_is_aborted_naming_it_and_the_job_stays_parked(
-    tiered: AgentSettings, spawn_job: Callable[..., Any]
+    tiered: AgentSettings,
+    served: tuple[RunningAgent, Any],
+    spawn_job: Callable[..., Any],
 ) -> None:
-    agent = await start_agent(tiered)
-    channel = open_channel(agent.address, token=agent.token)
-    stub = agent_pb2_grpc.AgentStub(channel)
-    try:
-        await _parked(stub, spawn_job, agent)
-        assert tiered.spill_dir is not None
-        (torn,) = sorted((tiered.spill_dir / tiered.node / "job-b").glob("*.bin"))
-        os.truncate(torn, SIZE // 2)
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Prefetch(apb.PrefetchRequest(job="job-b", group="g1"))
-        assert caught.value.code() == grpc.StatusCode.ABORTED
-        assert f"spill file {torn} is torn" in (caught.value.details() or "")
-        status = await stub.Status(apb.AgentStatusRequest())
-        (job_b,) = [j for j in status.jobs if j.job == "job-b"]
-        assert job_b.state == apb.AGENT_JOB_STATE_PARKED
-    finally:
-        await channel.close(None)
-        await agent.stop(0)
+    agent, stub = served
+    await _parked(stub, spawn_job, agent)
+    assert tiered.spill_dir is not None
+    (torn,) = sorted((tiered.spill_dir / tiered.node / "job-b").glob("*.bin"))
+    os.truncate(torn, SIZE // 2)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Prefetch(apb.PrefetchRequest(job="job-b", group="g1"))
+    assert caught.value.code() == grpc.StatusCode.ABORTED
+    assert f"spill file {torn} is torn" in (caught.value.details() or "")
+    status = await stub.Status(apb.AgentStatusRequest())
+    (job_b,) = [j for j in status.jobs if j.job == "job-b"]
+    assert job_b.state == apb.AGENT_JOB_STATE_PARKED
 
 
 async def _ring(scheduler: Any) -> list[Any]:
