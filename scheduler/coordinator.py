@@ -60,6 +60,7 @@ from rlslice.scheduler.core.moves import (
     NodeReport,
     Place,
     evicts_every_candidate,
+    on_devices,
     plan_park,
     plan_prefetch,
     plan_switch,
@@ -104,6 +105,8 @@ class _NoRoom:
     waiter: str
     resident: frozenset[str]
     """The resident jobs then (the holder among them)."""
+    on_devices: frozenset[str]
+    """The group's jobs some node had on its devices then (a parked job is not)."""
     epoch: int
     """The epoch of the group's next switch, if nothing else moves before it."""
 
@@ -298,10 +301,15 @@ class Coordinator(_Moving):
         spec = state.spec
         nodes = self.nodes_for(spec)
         splittable = _splittable_parts(spec)
-        if self._known_to_evict_all(state, switch, splittable):
+        candidates = switch.candidates
+        blind = self._blind_candidates(state, switch, splittable)
+        if blind is not None:
             # The same plan as from fresh reports, without the Status round (~2 ms of a
             # zero-byte switch through three agents): every node gets the calls, and one
-            # where a job is not (or no longer) running finds nothing to do.
+            # where a job is not (or no longer) running finds nothing to do. A job the
+            # prefetch found parked everywhere is left out: there is nothing of it to
+            # snapshot, and its agent would refuse a second snapshot.
+            candidates = blind
             reports = [NodeReport(node, answered=False) for node in nodes]
         else:
             statuses = await self._statuses(nodes)
@@ -340,7 +348,7 @@ class Coordinator(_Moving):
             plan = plan_switch(
                 need,
                 reports,
-                switch.candidates,
+                candidates,
                 must_evict=switch.evict,
                 headroom_bytes=spec.headroom_bytes,
                 parts=splittable,
@@ -365,25 +373,31 @@ class Coordinator(_Moving):
             need, reports, everyone, headroom_bytes=state.spec.headroom_bytes
         ):
             self._no_room[state.name] = _NoRoom(
-                switch.incoming, frozenset(state.resident), switch.rollback_epoch + 1
+                switch.incoming,
+                frozenset(state.resident),
+                on_devices(reports, (*state.resident, *state.parked)),
+                switch.rollback_epoch + 1,
             )
 
-    def _known_to_evict_all(
+    def _blind_candidates(
         self, state: GroupState, switch: Switch, splittable: dict[str, tuple[StatePart, ...]]
-    ) -> bool:
-        """Whether `switch` is the grant that follows a prefetch found no room beside its
+    ) -> tuple[str, ...] | None:
+        """When `switch` is the grant that follows a prefetch found no room beside its
         waiter, nothing between (no other switch: the epoch is the next one; the same
-        resident jobs), so it evicts every candidate whatever the numbers are now. Not
-        when a candidate moves by parts: how many of its parts go depends on them."""
+        resident jobs), it evicts every candidate on the devices whatever the numbers are
+        now: those candidates, to plan without a Status round. None otherwise, and when a
+        candidate moves by parts (how many of its parts go depends on the numbers)."""
         known = self._no_room.pop(state.name, None)
-        return (
-            known is not None
-            and switch.purpose == SwitchKind.GRANT
-            and known.waiter == switch.incoming
-            and known.epoch == switch.epoch
-            and set(state.resident) - {switch.incoming} <= known.resident
-            and not any(j in splittable for j in (*switch.evict, *switch.candidates))
-        )
+        if (
+            known is None
+            or switch.purpose != SwitchKind.GRANT
+            or known.waiter != switch.incoming
+            or known.epoch != switch.epoch
+            or not set(state.resident) - {switch.incoming} <= known.resident
+            or any(j in splittable for j in (*switch.evict, *switch.candidates))
+        ):
+            return None
+        return tuple(j for j in switch.candidates if j in known.on_devices)
 
     async def _fill_ahead(
         self, group: str, job: str, reports: Sequence[NodeReport]

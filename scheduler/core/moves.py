@@ -17,7 +17,8 @@ these functions return; a node that did not answer is `answered=False`.
   when a node is silent, or when nothing is parked: a prefetch never moves blind.
 - `evicts_every_candidate`: whether no candidate can stay beside the incoming job (then
   a switch planned over silent nodes is the same plan; the coordinator skips a Status
-  round on it).
+  round on it), and `on_devices`: which jobs those reports found on a device, so that
+  such a plan leaves out a parked candidate (its agent would refuse a second snapshot).
 
 Partial moves (issue 26): a candidate that declared its parts (`JobSpec.parts`, passed as
 `parts`) and was chosen to make room is planned part by part on each node where it runs
@@ -200,6 +201,17 @@ def evicts_every_candidate(
         return False
     chosen, _ = _evictions(need, reports, candidates, (), headroom_bytes)
     return chosen is not None and set(candidates) <= set(chosen)
+
+
+def on_devices(reports: Sequence[NodeReport], jobs: Sequence[str]) -> frozenset[str]:
+    """Those of `jobs` that some node of `reports` has on its devices (running, saving),
+    or that a node did not answer about: every job but the ones parked (or faulted,
+    restoring) wherever they are known."""
+    return frozenset(
+        job
+        for job in jobs
+        if any(not r.answered or (_place(r, job) or Place.PARKED) not in _IN_HOST for r in reports)
+    )
 
 
 def _reserve(report: NodeReport, holder: str, declared: int) -> NodeReport:

@@ -23,6 +23,7 @@ from rlslice.scheduler.core.moves import (
     NodeReport,
     Place,
     evicts_every_candidate,
+    on_devices,
     plan_park,
     plan_prefetch,
     plan_switch,
@@ -196,6 +197,17 @@ def test_an_unknown_size_is_not_known_to_evict_every_candidate() -> None:
     reports = [node("n1", 0, a=(R, 4 * G))]  # b unknown on n1 and undeclared
     assert not evicts_every_candidate(Need("b"), reports, ["a"])
     assert evicts_every_candidate(Need("b", declared_bytes=G), reports, ["a"])
+
+
+def test_on_devices_names_the_jobs_some_node_holds_on_its_devices() -> None:
+    reports = [
+        node("n1", 0, a=(R, G), b=(P, G), c=(P, G)),
+        node("n2", 0, a=(P, G), b=(P, G), d=(R, G)),
+    ]
+    # a runs on n1, d on n2; b and c are parked wherever known; e is known nowhere
+    assert on_devices(reports, ["a", "b", "c", "d", "e"]) == {"a", "d"}
+    # a silent node may hold any of them: none is known to be off the devices
+    assert on_devices([*reports, SILENT], ["b", "e"]) == {"b", "e"}
 
 
 def test_plan_park_snapshots_where_the_job_is_not_parked() -> None:

@@ -10,7 +10,8 @@ Case matrix:
   resident; the timeline has the prefetch; the metrics count it
 - no room beside the holder, found by the waiter's prefetch: the switch at the yield is
   planned without asking the agents' Status again (it evicts every resident job anyway);
-  a switch with nothing learnt before asks every agent
+  a switch with nothing learnt before asks every agent; a third job, parked, is left alone
+  by such a switch (no second snapshot, which its agents would refuse)
 - one node's restore fails (its buffer gone): the other node is switched back, the
   outgoing job runs on both nodes with its bytes, the waiter fails and is FAULTED
 """
@@ -260,6 +261,48 @@ async def test_the_switch_after_a_prefetch_found_no_room_asks_the_agents_no_stat
             a = c.jobs[("a", node)]
             assert await a.hash() == a.info["hash"]
         c.live.engine.unwatch("g", events)
+
+
+async def test_a_switch_planned_without_status_leaves_a_parked_third_job_alone() -> None:
+    """c parked, b parked, a holds, on full devices: b's prefetch finds no room, and the
+    switch at a's yield, planned without a Status round, snapshots a only: c is parked
+    already (a snapshot of it would be refused and fail the switch's first attempt)."""
+    async with cluster(capacity=40 * MiB) as c:
+        for job, seed in (("c", 3), ("b", 2), ("a", 1)):
+            await c.spawn(job, seed=seed)
+            await c.acquire(job)  # a switch that finds the one before parked parks it
+            if job != "a":
+                await c.live.yield_(job, c.leases[job])  # no waiter: stays resident
+                await c.park(job, (await c.live.group()).epoch)
+        assert sorted((await c.live.group()).parked) == ["b", "c"]
+        events = c.live.engine.watch("g")
+        statuses = StatusSpy(c.agents)
+        waiting = asyncio.ensure_future(c.acquire("b"))
+        seen = []
+        while not seen or not (seen[-1][0] == "prefetch" and seen[-1][2] != "started"):
+            entry = await asyncio.wait_for(events.get(), 30)  # woken by events, never sleeps
+            assert entry is not None
+            seen.append((entry.kind, entry.job, entry.detail))
+        assert seen[-1][2].startswith("skipped"), seen
+        statuses.calls.clear()
+
+        await c.live.yield_("a", c.leases["a"])
+        grant = await asyncio.wait_for(waiting, 60)
+        while (entry := await asyncio.wait_for(events.get(), 30)) is not None:
+            seen.append((entry.kind, entry.job, entry.detail))
+            if entry.kind == "granted":
+                break
+        c.live.engine.unwatch("g", events)
+
+        assert grant.restored
+        assert statuses.calls == []
+        assert not [e for e in seen if e[0] == "switch_failed"], seen
+        assert sorted((await c.live.group()).parked) == ["a", "c"]
+        for node in NODES:
+            for job in ("a", "c"):
+                assert c.jobs[(job, node)].state == "T"
+            b = c.jobs[("b", node)]
+            assert await b.hash() == b.info["hash"]
 
 
 async def test_a_waiter_that_fits_is_prefetched_and_granted_at_once_at_the_yield() -> None:
