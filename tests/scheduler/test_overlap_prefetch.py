@@ -187,6 +187,16 @@ class StatusSpy:
             engine.status = spy  # type: ignore[method-assign]
 
 
+async def prefetch_ended(events: asyncio.Queue[Any]) -> Any:
+    """The group's next event that ends a prefetch attempt ("done", "skipped: ...",
+    "failed: ..."), read from a watch queue: woken by events, never by sleeping."""
+    while True:
+        entry = await asyncio.wait_for(events.get(), 30)
+        assert entry is not None
+        if entry.kind == "prefetch" and entry.detail != "started":
+            return entry
+
+
 async def _b_parked_a_holding(c: Cluster) -> None:
     """b held first and is parked; a holds. (a's process allocates at its start, so b is
     parked on the agents before a starts: the devices may not hold both.)"""
@@ -232,11 +242,7 @@ async def test_the_switch_after_a_prefetch_found_no_room_asks_the_agents_no_stat
         events = c.live.engine.watch("g")
         statuses = StatusSpy(c.agents)
         waiting = asyncio.ensure_future(c.acquire("b"))
-        while True:  # woken by the group's events, never by sleeping
-            entry = await asyncio.wait_for(events.get(), 30)
-            assert entry is not None
-            if entry.kind == "prefetch" and entry.detail != "started":
-                break
+        entry = await prefetch_ended(events)
         assert entry.detail.startswith("skipped"), entry.detail
         assert sorted(statuses.calls) == sorted(NODES)  # the prefetch asked, once each
         statuses.calls.clear()
@@ -278,12 +284,9 @@ async def test_a_switch_planned_without_status_leaves_a_parked_third_job_alone()
         events = c.live.engine.watch("g")
         statuses = StatusSpy(c.agents)
         waiting = asyncio.ensure_future(c.acquire("b"))
+        ended = await prefetch_ended(events)
+        assert ended.detail.startswith("skipped"), ended.detail
         seen = []
-        while not seen or not (seen[-1][0] == "prefetch" and seen[-1][2] != "started"):
-            entry = await asyncio.wait_for(events.get(), 30)  # woken by events, never sleeps
-            assert entry is not None
-            seen.append((entry.kind, entry.job, entry.detail))
-        assert seen[-1][2].startswith("skipped"), seen
         statuses.calls.clear()
 
         await c.live.yield_("a", c.leases["a"])
@@ -310,11 +313,7 @@ async def test_a_waiter_that_fits_is_prefetched_and_granted_at_once_at_the_yield
         await _b_parked_a_holding(c)
         events = c.live.engine.watch("g")
         waiting = asyncio.ensure_future(c.acquire("b"))
-        while True:  # woken by the group's events, never by sleeping
-            entry = await asyncio.wait_for(events.get(), 30)
-            assert entry is not None
-            if entry.kind == "prefetch" and entry.detail != "started":
-                break
+        entry = await prefetch_ended(events)
         assert entry.detail == "done"
         assert entry.bytes == 2 * 24 * MiB
         for node in NODES:  # b is back on the devices while a still holds and runs
