@@ -397,7 +397,8 @@ class Coordinator(_Moving):
             or any(j in splittable for j in (*switch.evict, *switch.candidates))
         ):
             return None
-        return tuple(j for j in switch.candidates if j in known.on_devices)
+        # Left out: only a job the group has parked that no node had on its devices then.
+        return tuple(j for j in switch.candidates if j in state.resident or j in known.on_devices)
 
     async def _fill_ahead(
         self, group: str, job: str, reports: Sequence[NodeReport]
