@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -293,6 +294,9 @@ async def _handoffs_through_agents(
         jobs = await _agents_and_jobs(stub, address, agents, work, sim_root, processes)
         return await _handoffs(stub, jobs, warmup, samples, group="bench-agents", prefetches=True)
     finally:
+        # The jobs' own processes first, by SIGKILL: the job parked last is stopped, and a
+        # stopped process would keep the SIGTERM its wrapper forwards pending for ever.
+        _kill_descendants([p.pid for p in processes if p.returncode is None])
         for process in reversed(processes):
             if process.returncode is None:
                 process.terminate()
@@ -303,6 +307,20 @@ async def _handoffs_through_agents(
                 process.kill()
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(sim_root, ignore_errors=True)
+
+
+def _kill_descendants(pids: list[int]) -> None:
+    """SIGKILL every descendant of `pids` (stopped ones included)."""
+    import psutil
+
+    for pid in pids:
+        try:
+            descendants = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            continue
+        for process in descendants:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def _shared_memory() -> str | None:

@@ -15,10 +15,12 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from rlslice.apps import scheduler as _cmd
@@ -108,7 +110,14 @@ async def test_the_handoff_bench_measures_everything_in_one_run() -> None:
     args = _parse(
         handoff, ["--iterations", "50", "--handoffs", "20", "--warmup", "8", "--in-process"]
     )
+    began = time.time()
     result = await handoff.measure(args)
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "create_time"])
+        if p.info["cmdline"] == ["sleep", "3600"] and p.info["create_time"] >= began - 1
+    ]
+    assert left == []  # its jobs' processes are gone, the stopped (parked) one too
     for key in ("bare_roundtrip", "uncontended_acquire", "uncontended_acquire_yield", "handoff"):
         assert result[key]["p99_ms"] >= result[key]["p50_ms"] > 0
     assert result["uncontended_acquire"]["n"] == 50
